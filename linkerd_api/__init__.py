@@ -1,0 +1,1 @@
+"""Linkerd proxy API (io.linkerd.proxy.*) protos and generated Python bindings."""
