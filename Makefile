@@ -1,0 +1,37 @@
+# The two commands: `make run` serves the bundled demo cluster, `make test` runs every test.
+# Both create .venv and install what they need, so they work on a fresh clone.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: run test lint bench protos install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/meshbridge serve --source demo
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+lint: install
+	$(BIN)/ruff check bridge linkerd_api xds_api tests bench
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python -m bench
+
+protos: install
+	$(BIN)/python scripts/gen_protos.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""meshbridge core: sources, cluster cache, enrichment, shared views."""

@@ -1,0 +1,171 @@
+"""The composition root: source -> cluster -> views -> both gRPC services + admin HTTP.
+
+`App` owns every long-lived task and server; `stop()` ends them all. It is also what
+the tests and `meshbridge compare` run in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import prometheus_client
+import structlog
+
+from bridge.admin import AdminServer, Request, Response
+from bridge.cluster import Cluster
+from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
+from bridge.sources import Source
+
+log = structlog.get_logger("meshbridge.app")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    listen: str = "0.0.0.0:8086"
+    admin: str = "0.0.0.0:9996"
+    # Protocol-layer options travel here so that the core need not know them.
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+# A protocol layer registers its gRPC services against the running app.
+ProtocolLayer = Callable[["App", grpc.aio.Server], None]
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {addr!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class App:
+    def __init__(
+        self,
+        source: Source,
+        config: MeshConfig | None = None,
+        options: ServeOptions | None = None,
+        layers: Sequence[ProtocolLayer] = (),
+        registry: prometheus_client.CollectorRegistry | None = None,
+    ) -> None:
+        from bridge.views import ViewRegistry
+
+        self.config = config or MeshConfig()
+        self.options = options or ServeOptions()
+        self.source = source
+        self.cluster = Cluster()
+        self.views = ViewRegistry(self.cluster, self.config)
+        self.metrics = registry or prometheus_client.CollectorRegistry()
+        self.synced = asyncio.Event()
+        self.admin = AdminServer()
+        self.layers = list(layers)
+        self.grpc_server: grpc.aio.Server | None = None
+        self.grpc_port = 0
+        self.admin_port = 0
+        self.started_at = time.monotonic()
+        self._source_task: asyncio.Task[None] | None = None
+        # Shutdown hooks the protocol layers add (e.g. end every stream cleanly).
+        self.on_stop: list[Callable[[], None]] = []
+        self._install_admin_routes()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, wait_synced: bool = True) -> None:
+        self._source_task = asyncio.create_task(self._run_source(), name="source")
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_concurrent_streams", 0x7FFFFFFF),
+                ("grpc.so_reuseport", 0),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+            ],
+        )
+        for layer in self.layers:
+            layer(self, server)
+        self.grpc_port = server.add_insecure_port(self.options.listen)
+        if self.grpc_port == 0:
+            raise OSError(f"cannot listen on {self.options.listen}")
+        await server.start()
+        self.grpc_server = server
+        host, port = split_host_port(self.options.admin)
+        self.admin_port = await self.admin.start(host, port)
+        if wait_synced:
+            await self.wait_synced()
+        log.info("serving", grpc=self.grpc_port, admin=self.admin_port, source=self.source.name)
+
+    async def wait_synced(self) -> None:
+        synced = asyncio.create_task(self.synced.wait())
+        assert self._source_task is not None
+        done, _ = await asyncio.wait({synced, self._source_task},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if self._source_task in done and not self.synced.is_set():
+            synced.cancel()
+            self._source_task.result()  # re-raise why the source died
+            raise RuntimeError("source ended before its initial sync")
+
+    async def _run_source(self) -> None:
+        await self.source.run(self.cluster, self.synced)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        for hook in self.on_stop:
+            hook()
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace)
+        if self._source_task is not None:
+            self._source_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._source_task
+        await self.admin.stop()
+
+    # ------------------------------------------------------------------ reporting
+
+    def service_port_summary(self) -> list[tuple[str, int, int, int]]:
+        """(service, port, ready endpoints, all endpoints) for every service port."""
+        rows = []
+        for key, svc in sorted(self.cluster.services.items()):
+            if svc.type == "ExternalName":
+                continue
+            for sp in svc.ports:
+                _, merged = self.views.merge_endpoints(key, sp.port)
+                filtered = self.views.filter_endpoints(
+                    ViewKey(key, sp.port, FilterKey(filtering=False)), merged
+                )
+                ready = sum(1 for r in filtered.values() if r.endpoint.ready)
+                rows.append((str(key), sp.port, ready, len(filtered)))
+        return rows
+
+    def log_summary(self) -> None:
+        for service, port, ready, total in self.service_port_summary():
+            ns, name = service.split("/", 1)
+            log.info("service port", namespace=ns, service=name, port=port,
+                     endpoints=ready, draining=total - ready)
+        for key, svc in sorted(self.cluster.services.items()):
+            if svc.type == "ExternalName":
+                log.info("service port", namespace=key.namespace, service=key.name,
+                         external_name=svc.external_name, note="ExternalName: not served")
+
+    def authority(self, service: ServiceKey, port: int) -> str:
+        return f"{service.name}.{service.namespace}.svc.{self.config.cluster_domain}:{port}"
+
+    # ------------------------------------------------------------------ admin
+
+    def _install_admin_routes(self) -> None:
+        self.admin.route("/metrics", self._metrics)
+        self.admin.route("/live", lambda _r: Response.text(200, "live"))
+        self.admin.route("/ready", self._ready)
+        self.admin.route("/ping", lambda _r: Response.text(200, "pong"))
+
+    def _metrics(self, _req: Request) -> Response:
+        return Response(200, prometheus_client.generate_latest(self.metrics),
+                        prometheus_client.CONTENT_TYPE_LATEST)
+
+    def _ready(self, _req: Request) -> Response:
+        if not self.synced.is_set():
+            return Response.text(503, f"not ready: source {self.source.name} has not synced")
+        if self.source.stale:
+            return Response.text(503, f"not ready: source {self.source.name} is stale")
+        return Response.text(200, "ready")

@@ -1,0 +1,190 @@
+"""`meshbridge serve | get | profile | xds | compare | bench`.
+
+Each subcommand registers itself on the parser; the protocol-specific clients live
+with their protocol (`linkerd_api.client`, `xds_api.client`) and are imported only
+when their subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from bridge.log import configure_logging
+from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
+from bridge.ports import PortSpecError, parse_port_set
+
+log = structlog.get_logger("meshbridge.cli")
+
+# Subcommands contributed by the protocol layers and tools: name -> module exposing
+# `add_arguments(parser)` and `run(args) -> int`. Missing modules are simply absent.
+PLUGGABLE_COMMANDS: dict[str, tuple[str, str]] = {
+    "get": ("linkerd_api.client", "print what a destination Get stream says about a target"),
+    "profile": ("linkerd_api.profile_client", "print a destination GetProfile stream"),
+    "xds": ("xds_api.client", "print what an xDS (ADS) subscription receives"),
+    "compare": ("bench.compare", "run a comparison scenario over both protocols"),
+    "shadow": ("bridge.shadow", "compare two control planes' answers continuously"),
+}
+
+# Protocol layers that `serve` mounts on the shared gRPC port, in order.
+PROTOCOL_LAYERS = ("linkerd_api.service", "xds_api.service")
+
+
+def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster-domain", default="cluster.local")
+    p.add_argument("--trust-domain", default=None,
+                   help="identity trust domain (default: the cluster domain)")
+    p.add_argument("--controller-namespace", default="linkerd")
+    p.add_argument("--default-opaque-ports", default=DEFAULT_OPAQUE_PORTS,
+                   help="ports treated as opaque when a pod does not say (Linkerd's default)")
+    p.add_argument("--disable-h2-upgrade", action="store_true",
+                   help="do not hint h2 for meshed endpoints")
+    p.add_argument("--outbound-transport-mode", choices=("transport-header", "transparent"),
+                   default="transport-header",
+                   help="transport-header: every meshed endpoint gets opaque transport")
+    p.add_argument("--disable-ipv6", action="store_true")
+    p.add_argument("--ext-endpoint-zone-weights", action="store_true",
+                   help="weight same-zone endpoints x10")
+    p.add_argument("--meshed-http2-client-params", default=json.dumps(
+        dict(DEFAULT_MESHED_HTTP2_PARAMS)), help="JSON, proto field names; '' for none")
+
+
+def mesh_config(args: argparse.Namespace) -> MeshConfig:
+    try:
+        opaque = parse_port_set(args.default_opaque_ports)
+    except PortSpecError as e:
+        raise SystemExit(f"--default-opaque-ports: {e}") from None
+    params = None
+    if args.meshed_http2_client_params:
+        try:
+            params = json.loads(args.meshed_http2_client_params)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--meshed-http2-client-params: not JSON: {e}") from None
+    return MeshConfig(
+        cluster_domain=args.cluster_domain.strip(".") or "cluster.local",
+        trust_domain=args.trust_domain if args.trust_domain is not None else args.cluster_domain,
+        controller_namespace=args.controller_namespace,
+        default_opaque_ports=opaque,
+        enable_h2_upgrade=not args.disable_h2_upgrade,
+        force_opaque_transport=args.outbound_transport_mode == "transport-header",
+        enable_ipv6=not args.disable_ipv6,
+        zone_weights=args.ext_endpoint_zone_weights,
+        meshed_http2_params=params,
+    )
+
+
+def _load_optional(module: str) -> object | None:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            return None
+        raise
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="serve the destination API and xDS from one source")
+    p.add_argument("--source", default="demo", help="demo | files:DIR | sim:FILE | kube")
+    p.add_argument("--listen", default="0.0.0.0:8086", help="gRPC address for both APIs")
+    p.add_argument("--admin", default="0.0.0.0:9996", help="admin HTTP address")
+    p.add_argument("--log-format", choices=("json", "console"), default="console")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="seconds to let streams end after SIGTERM")
+    add_mesh_arguments(p)
+    for module in PROTOCOL_LAYERS:
+        mod = _load_optional(module)
+        add = getattr(mod, "add_arguments", None)
+        if add is not None:
+            add(p)
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    configure_logging(args.log_format, args.log_level)
+    return asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from bridge.app import App, ServeOptions
+    from bridge.sources import SourceSpecError, make_source
+
+    try:
+        source = make_source(args.source, **_kube_options(args))
+    except (SourceSpecError, ValueError) as e:
+        log.error("bad --source", reason=str(e))
+        return 2
+    layers = []
+    for module in PROTOCOL_LAYERS:
+        mod = _load_optional(module)
+        register = getattr(mod, "register", None)
+        if register is not None:
+            layers.append(register)
+    app = App(source, mesh_config(args), ServeOptions(args.listen, args.admin, vars(args)),
+              layers)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.start(wait_synced=False)
+    waiter = asyncio.create_task(app.wait_synced())
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if waiter in done and waiter.exception() is None:
+        app.log_summary()
+        await stopper
+    else:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await waiter
+    log.info("shutting down", grace=args.shutdown_grace)
+    await app.stop(args.shutdown_grace)
+    return 0
+
+
+def _kube_options(args: argparse.Namespace) -> dict[str, object]:
+    if not args.source.startswith("kube"):
+        return {}
+    return {k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api")
+            if getattr(args, k, None) is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="meshbridge",
+        description="One Kubernetes endpoint truth, served over Linkerd's destination API "
+                    "and Envoy's xDS.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    for name, (module, help_text) in PLUGGABLE_COMMANDS.items():
+        mod = _load_optional(module)
+        if mod is None:
+            continue
+        p = sub.add_parser(name, help=help_text)
+        add: Callable[[argparse.ArgumentParser], None] = mod.add_arguments  # type: ignore[attr-defined]
+        add(p)
+        p.set_defaults(func=mod.run)  # type: ignore[attr-defined]
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

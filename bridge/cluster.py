@@ -1,0 +1,289 @@
+"""The informer cache: every object a source sent, indexed the ways the core asks.
+
+A source hands batches of events to `Cluster.apply`; the cache updates its indexes
+and tells its listeners, once per batch, which services (and pods, profiles) changed.
+An update that changes nothing (the same object again, as a relist produces) is not
+a change, so it reaches no subscriber.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from bridge.model import ServiceKey
+from bridge.objects import (
+    EndpointSlice,
+    KubeObject,
+    Namespace,
+    Node,
+    Pod,
+    ReplicaSet,
+    Server,
+    Service,
+    ServiceProfile,
+    object_key,
+)
+
+PodKey = tuple[str, str]  # (namespace, name)
+SliceKey = tuple[str, str, str]  # (kind, namespace, name): Endpoints and slices may share names
+
+
+class EventType(enum.Enum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: EventType
+    obj: KubeObject
+
+
+@dataclass(slots=True)
+class ClusterChange:
+    """What one batch changed. `all_services` is set when something every service may
+    depend on changed (a Node's zone, a ReplicaSet's owner) in a namespace-less way."""
+
+    services: set[ServiceKey] = field(default_factory=set)
+    pods: set[PodKey] = field(default_factory=set)
+    profiles: set[tuple[str, str]] = field(default_factory=set)
+    namespaces: set[str] = field(default_factory=set)  # every service in these changed
+    all_services: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.services or self.pods or self.profiles or self.namespaces or self.all_services
+        )
+
+    def touches(self, service: ServiceKey) -> bool:
+        return (
+            self.all_services or service in self.services or service.namespace in self.namespaces
+        )
+
+
+Listener = Callable[[ClusterChange], None]
+
+
+class Cluster:
+    """Holds the last known state of every object, whatever the source."""
+
+    def __init__(self) -> None:
+        self.services: dict[ServiceKey, Service] = {}
+        self.slices: dict[SliceKey, EndpointSlice] = {}
+        self.slices_by_service: defaultdict[ServiceKey, set[SliceKey]] = defaultdict(set)
+        self.pods: dict[PodKey, Pod] = {}
+        self.pods_by_ip: defaultdict[str, set[PodKey]] = defaultdict(set)
+        self.services_by_pod: defaultdict[PodKey, set[ServiceKey]] = defaultdict(set)
+        self.nodes: dict[str, Node] = {}
+        self.replicasets: dict[PodKey, ReplicaSet] = {}
+        self.servers: defaultdict[str, dict[str, Server]] = defaultdict(dict)
+        self.profiles: dict[tuple[str, str], ServiceProfile] = {}
+        self.namespaces: dict[str, Namespace] = {}
+        self._listeners: list[Listener] = []
+        self.generation = 0  # bumped on every batch that changed something
+
+    # ------------------------------------------------------------------ listening
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._listeners.remove(listener)
+
+    # ------------------------------------------------------------------ reading
+
+    def slices_of(self, service: ServiceKey) -> list[EndpointSlice]:
+        """The service's slices in a stable order (by kind, then name), so the merge
+        that lets a later slice win an ID collision is deterministic."""
+        return [self.slices[k] for k in sorted(self.slices_by_service.get(service, ()))]
+
+    def services_with_cluster_ip(self, ip: str) -> list[Service]:
+        return [s for s in self.services.values() if ip in s.cluster_ips]
+
+    def node_zone(self, node_name: str) -> str:
+        node = self.nodes.get(node_name)
+        return node.zone if node else ""
+
+    def servers_in(self, namespace: str) -> Iterator[Server]:
+        return iter(self.servers.get(namespace, {}).values())
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "services": len(self.services),
+            "endpointslices": len(self.slices),
+            "pods": len(self.pods),
+            "nodes": len(self.nodes),
+            "replicasets": len(self.replicasets),
+            "servers": sum(len(v) for v in self.servers.values()),
+            "serviceprofiles": len(self.profiles),
+        }
+
+    def objects(self, kind: str) -> list[KubeObject]:
+        """Every cached object of one kind, for relisting sources to diff against."""
+        stores: dict[str, Iterable[KubeObject]] = {
+            "Service": self.services.values(),
+            "EndpointSlice": (s for s in self.slices.values() if s.kind == "EndpointSlice"),
+            "Endpoints": (s for s in self.slices.values() if s.kind == "Endpoints"),
+            "Pod": self.pods.values(),
+            "Node": self.nodes.values(),
+            "ReplicaSet": self.replicasets.values(),
+            "Server": (s for by_ns in self.servers.values() for s in by_ns.values()),
+            "ServiceProfile": self.profiles.values(),
+            "Namespace": self.namespaces.values(),
+        }
+        return list(stores.get(kind, ()))
+
+    # ------------------------------------------------------------------ writing
+
+    def apply(self, events: Iterable[Event]) -> ClusterChange:
+        """Apply a batch of events and notify listeners once if anything changed."""
+        change = ClusterChange()
+        for ev in events:
+            if ev.type is EventType.DELETED:
+                self._delete(ev.obj, change)
+            else:
+                self._upsert(ev.obj, change)
+        if change:
+            self.generation += 1
+            for listener in list(self._listeners):
+                listener(change)
+        return change
+
+    def replace(self, kind: str, objs: Iterable[KubeObject]) -> ClusterChange:
+        """Make the cache's objects of `kind` exactly `objs` (a relist), applying only the
+        real difference: unchanged objects produce no event at all."""
+        fresh = {object_key(o): o for o in objs}
+        events = [
+            Event(EventType.DELETED, old)
+            for old in self.objects(kind)
+            if object_key(old) not in fresh
+        ]
+        events.extend(Event(EventType.MODIFIED, o) for o in fresh.values())
+        return self.apply(events)
+
+    def _upsert(self, obj: KubeObject, change: ClusterChange) -> None:
+        match obj:
+            case Service():
+                key = ServiceKey(obj.meta.namespace, obj.meta.name)
+                if self.services.get(key) != obj:
+                    self.services[key] = obj
+                    change.services.add(key)
+            case EndpointSlice():
+                skey = (obj.kind, obj.meta.namespace, obj.meta.name)
+                old = self.slices.get(skey)
+                if old == obj:
+                    return
+                if old is not None:
+                    self._unindex_slice(skey, old, change)
+                self.slices[skey] = obj
+                svc = ServiceKey(obj.meta.namespace, obj.service_name)
+                self.slices_by_service[svc].add(skey)
+                for ep in obj.endpoints:
+                    if ep.target is not None and ep.target.kind == "Pod":
+                        self.services_by_pod[(ep.target.namespace, ep.target.name)].add(svc)
+                change.services.add(svc)
+            case Pod():
+                pkey = (obj.meta.namespace, obj.meta.name)
+                old_pod = self.pods.get(pkey)
+                if old_pod == obj:
+                    return
+                if old_pod is not None:
+                    for ip in old_pod.pod_ips:
+                        self.pods_by_ip[ip].discard(pkey)
+                self.pods[pkey] = obj
+                for ip in obj.pod_ips:
+                    self.pods_by_ip[ip].add(pkey)
+                change.pods.add(pkey)
+                change.services.update(self.services_by_pod.get(pkey, ()))
+            case Node():
+                old_node = self.nodes.get(obj.meta.name)
+                if old_node == obj:
+                    return
+                self.nodes[obj.meta.name] = obj
+                # Only the zone and region labels matter downstream.
+                if old_node is None or (old_node.zone, old_node.region) != (obj.zone, obj.region):
+                    change.all_services = True
+            case ReplicaSet():
+                rkey = (obj.meta.namespace, obj.meta.name)
+                if self.replicasets.get(rkey) == obj:
+                    return
+                self.replicasets[rkey] = obj
+                change.namespaces.add(obj.meta.namespace)
+            case Server():
+                if self.servers[obj.meta.namespace].get(obj.meta.name) == obj:
+                    return
+                self.servers[obj.meta.namespace][obj.meta.name] = obj
+                change.namespaces.add(obj.meta.namespace)
+            case ServiceProfile():
+                prkey = (obj.meta.namespace, obj.meta.name)
+                if self.profiles.get(prkey) == obj:
+                    return
+                self.profiles[prkey] = obj
+                change.profiles.add(prkey)
+            case Namespace():
+                self.namespaces[obj.meta.name] = obj
+
+    def _delete(self, obj: KubeObject, change: ClusterChange) -> None:
+        ns, name = obj.meta.namespace, obj.meta.name
+        match obj:
+            case Service():
+                if self.services.pop(ServiceKey(ns, name), None) is not None:
+                    change.services.add(ServiceKey(ns, name))
+            case EndpointSlice():
+                skey = (obj.kind, ns, name)
+                old = self.slices.pop(skey, None)
+                if old is not None:
+                    self._unindex_slice(skey, old, change)
+            case Pod():
+                old_pod = self.pods.pop((ns, name), None)
+                if old_pod is not None:
+                    for ip in old_pod.pod_ips:
+                        self.pods_by_ip[ip].discard((ns, name))
+                        if not self.pods_by_ip[ip]:
+                            del self.pods_by_ip[ip]
+                    change.pods.add((ns, name))
+                    change.services.update(self.services_by_pod.get((ns, name), ()))
+            case Node():
+                if self.nodes.pop(name, None) is not None:
+                    change.all_services = True
+            case ReplicaSet():
+                if self.replicasets.pop((ns, name), None) is not None:
+                    change.namespaces.add(ns)
+            case Server():
+                if self.servers[ns].pop(name, None) is not None:
+                    change.namespaces.add(ns)
+            case ServiceProfile():
+                if self.profiles.pop((ns, name), None) is not None:
+                    change.profiles.add((ns, name))
+            case Namespace():
+                self.namespaces.pop(name, None)
+
+    def _unindex_slice(self, skey: SliceKey, old: EndpointSlice, change: ClusterChange) -> None:
+        svc = ServiceKey(old.meta.namespace, old.service_name)
+        keys = self.slices_by_service.get(svc)
+        if keys is not None:
+            keys.discard(skey)
+            if not keys:
+                del self.slices_by_service[svc]
+        for ep in old.endpoints:
+            if ep.target is not None and ep.target.kind == "Pod":
+                pkey = (ep.target.namespace, ep.target.name)
+                if not self._pod_still_in(svc, pkey):
+                    owners = self.services_by_pod.get(pkey)
+                    if owners is not None:
+                        owners.discard(svc)
+                        if not owners:
+                            del self.services_by_pod[pkey]
+        change.services.add(svc)
+
+    def _pod_still_in(self, svc: ServiceKey, pod: PodKey) -> bool:
+        for skey in self.slices_by_service.get(svc, ()):
+            for ep in self.slices[skey].endpoints:
+                t = ep.target
+                if t is not None and t.kind == "Pod" and (t.namespace, t.name) == pod:
+                    return True
+        return False

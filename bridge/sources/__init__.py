@@ -1,0 +1,61 @@
+"""Sources: where Kubernetes objects come from. Each feeds the same Cluster the same way,
+so nothing downstream can tell a manifest folder from a live API server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Protocol
+
+from bridge.cluster import Cluster
+
+DEMO_DIR = Path(__file__).resolve().parents[2] / "examples" / "demo"
+
+
+class Source(Protocol):
+    """Runs until cancelled, applying batches of events to the cluster.
+
+    `synced` is set once the initial state has been applied in full; `stale` tells
+    readiness whether the last-known state may be out of date (e.g. the API is down).
+    """
+
+    name: str
+
+    async def run(self, cluster: Cluster, synced: asyncio.Event) -> None: ...
+
+    @property
+    def stale(self) -> bool: ...
+
+
+class SourceSpecError(ValueError):
+    pass
+
+
+def make_source(spec: str, **options: object) -> Source:
+    """Build a source from its command-line form: demo | files:DIR | sim:FILE | kube."""
+    kind, _, arg = spec.partition(":")
+    if kind == "demo" and not arg:
+        from bridge.sources.files import FilesSource
+
+        return FilesSource(DEMO_DIR, name="demo")
+    if kind == "files" and arg:
+        from bridge.sources.files import FilesSource
+
+        path = Path(arg)
+        if not path.is_dir():
+            raise SourceSpecError(f"files source: {arg} is not a directory")
+        return FilesSource(path)
+    if kind == "sim" and arg:
+        from bridge.sources.sim import SimSource, load_scenario
+
+        return SimSource(load_scenario(Path(arg)))
+    if kind == "kube":
+        try:
+            from bridge.sources.kube import KubeSource  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as e:  # pragma: no cover - until the kube source lands
+            raise SourceSpecError(f"kube source unavailable: {e}") from None
+        src: Source = KubeSource(**options)
+        return src
+    raise SourceSpecError(
+        f"unknown source {spec!r}: expected demo, files:DIR, sim:FILE or kube"
+    )
