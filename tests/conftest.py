@@ -1,0 +1,62 @@
+"""Shared fixtures: a meshbridge App served on loopback from a manifest folder."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.app import App, ProtocolLayer, ServeOptions
+from bridge.cli import PROTOCOL_LAYERS, _load_optional
+from bridge.model import MeshConfig
+from bridge.sources import DEMO_DIR
+from bridge.sources.files import FilesSource
+
+AppFactory = Callable[..., Any]
+
+
+def protocol_layers() -> list[ProtocolLayer]:
+    """Every protocol layer that exists, as `meshbridge serve` mounts them."""
+    layers = []
+    for module in PROTOCOL_LAYERS:
+        mod = _load_optional(module)
+        if mod is not None:
+            layers.append(mod.register)  # type: ignore[attr-defined]
+    return layers
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    """A private, editable copy of the bundled demo cluster."""
+    target = tmp_path / "manifests"
+    shutil.copytree(DEMO_DIR, target, ignore=shutil.ignore_patterns("*.md"))
+    return target
+
+
+@pytest.fixture
+async def make_app() -> AsyncIterator[AppFactory]:
+    """Start Apps on 127.0.0.1 with ephemeral ports; all are stopped at teardown.
+
+    make_app(manifests_dir, config=MeshConfig(...), layers=[...], **extra_options)
+    """
+    apps: list[App] = []
+
+    async def factory(
+        manifests: Path,
+        config: MeshConfig | None = None,
+        layers: Iterable[ProtocolLayer] | None = None,
+        **extra: object,
+    ) -> App:
+        source = FilesSource(manifests, poll_interval=0.05)
+        app = App(source, config, ServeOptions("127.0.0.1:0", "127.0.0.1:0", dict(extra)),
+                  list(layers) if layers is not None else protocol_layers())
+        apps.append(app)
+        await app.start()
+        return app
+
+    yield factory
+    for app in apps:
+        await app.stop(grace=0.5)
