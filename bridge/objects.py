@@ -325,7 +325,7 @@ def _decode_service(raw: Mapping[str, Any]) -> Service:
             raise ObjectError("Service", n, f"spec.ports[{i}].port {number} is declared twice")
         seen.add(number)
         tp = p.get("targetPort")
-        if tp is not None and not isinstance(tp, int | str) or isinstance(tp, bool):
+        if (tp is not None and not isinstance(tp, int | str)) or isinstance(tp, bool):
             raise ObjectError("Service", n, f"spec.ports[{i}].targetPort is not a port")
         ports.append(ServicePort(
             name=_str(p.get("name"), "Service", n, f"spec.ports[{i}].name"),
@@ -355,7 +355,8 @@ def _decode_slice(raw: Mapping[str, Any]) -> EndpointSlice:
     if not svc:
         svc = next((o.name for o in meta.owners if o.kind == "Service"), "")
     if not svc:
-        raise ObjectError("EndpointSlice", n, "no kubernetes.io/service-name label or Service owner")
+        raise ObjectError("EndpointSlice", n,
+                          "no kubernetes.io/service-name label or Service owner")
     family = _str(raw.get("addressType"), "EndpointSlice", n, "addressType")
     if family not in ("IPv4", "IPv6"):
         raise ObjectError("EndpointSlice", n, f"addressType {family!r} is not served (IPv4/IPv6)")

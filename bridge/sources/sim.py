@@ -58,6 +58,7 @@ class ScenarioError(ValueError):
     """A scenario we cannot run; the message names the key or path."""
 
 
+DEFAULT_RATE = 10.0
 PATTERNS = ("rolling_restart", "scale", "zone_loss", "flap")
 
 
@@ -74,7 +75,7 @@ class ClusterShape:
 
 @dataclass(frozen=True, slots=True)
 class Churn:
-    rate: float = 10.0
+    rate: float = DEFAULT_RATE
     patterns: Mapping[str, float] = field(
         default_factory=lambda: {"rolling_restart": 1.0, "scale": 1.0, "zone_loss": 0.2,
                                  "flap": 1.0}
@@ -130,7 +131,7 @@ def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
     if not isinstance(ch, Mapping):
         raise ScenarioError("churn: must be a mapping")
     _check_keys(ch, {"rate", "patterns"}, "churn")
-    rate = ch.get("rate", Churn.rate)
+    rate = ch.get("rate", DEFAULT_RATE)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
         raise ScenarioError(f"churn.rate: must be a number >= 0, got {rate!r}")
     patterns: dict[str, float] = dict(Churn().patterns)
@@ -317,9 +318,9 @@ class SimCluster:
         old = svc.pods[i]
         new = self._new_pod(svc)
         svc.pods[i] = new
-        return self._changed(svc, [Event(EventType.ADDED, self._pod_object(svc, new))]) + [
-            Event(EventType.DELETED, self._pod_object(svc, old))
-        ]
+        added = Event(EventType.ADDED, self._pod_object(svc, new))
+        deleted = Event(EventType.DELETED, self._pod_object(svc, old))
+        return [*self._changed(svc, [added]), deleted]
 
     def _step_scale(self, svc: _SimService | None = None, up: bool | None = None) -> list[Event]:
         svc = svc or self.rng.choice(self.services)

@@ -1,0 +1,176 @@
+"""The files, demo and sim sources."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import structlog
+import yaml
+
+from bridge.cluster import Cluster
+from bridge.model import ServiceKey
+from bridge.sources import DEMO_DIR, SourceSpecError, make_source
+from bridge.sources.files import FilesSource
+from bridge.sources.sim import ScenarioError, SimCluster, SimSource, parse_scenario
+from tests.unit.builders import endpoint, endpoint_slice, pod, service
+
+
+def write(path: Path, *docs: object) -> None:
+    path.write_text(yaml.safe_dump_all(docs))
+
+
+def good_folder(root: Path) -> Path:
+    write(root / "web.yaml", service("web"), pod("web-1", "10.0.0.1"),
+          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    return root
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 2.0) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_files_source_reads_multi_document_files(tmp_path: Path) -> None:
+    cluster = Cluster()
+    FilesSource(good_folder(tmp_path)).sync(cluster)
+    assert set(cluster.services) == {ServiceKey("app", "web")}
+    assert len(cluster.slices) == 1 and len(cluster.pods) == 1
+
+
+async def test_files_source_sees_adds_edits_and_deletes_within_a_second(tmp_path: Path) -> None:
+    cluster = Cluster()
+    source = FilesSource(good_folder(tmp_path), poll_interval=0.2)
+    synced = asyncio.Event()
+    task = asyncio.create_task(source.run(cluster, synced))
+    try:
+        await synced.wait()
+        write(tmp_path / "api.yaml", service("api"))
+        assert await until(lambda: ServiceKey("app", "api") in cluster.services) < 1.0
+        write(tmp_path / "api.yaml", service("api", ports=[{"name": "grpc", "port": 9090}]))
+        await until(lambda: cluster.services[ServiceKey("app", "api")].ports[0].port == 9090)
+        (tmp_path / "api.yaml").unlink()
+        assert await until(lambda: ServiceKey("app", "api") not in cluster.services) < 1.0
+    finally:
+        task.cancel()
+
+
+def test_a_file_that_does_not_parse_keeps_its_last_good_state(tmp_path: Path) -> None:
+    cluster = Cluster()
+    source = FilesSource(good_folder(tmp_path))
+    source.sync(cluster)
+    with structlog.testing.capture_logs() as logs:
+        (tmp_path / "web.yaml").write_text("kind: Service\nmetadata: {name: web\n  bad: [\n")
+        source.sync(cluster)
+    assert ServiceKey("app", "web") in cluster.services
+    assert len(cluster.pods) == 1
+    (err,) = [e for e in logs if e["log_level"] == "error"]
+    assert err["file"].endswith("web.yaml") and isinstance(err["line"], int)
+
+
+@pytest.mark.parametrize(
+    ("bad", "object_name"),
+    [
+        ({"kind": "Gadget", "metadata": {"name": "g", "namespace": "app"}}, "Gadget g"),
+        ({"kind": "Service", "metadata": {"name": "typo", "namespace": "app"},
+          "spec": {"ports": [{"port": "http"}]}}, "Service app/typo"),
+        (endpoint_slice("bad-ip", "web", [endpoint("10.0.0.999", "web-1")]),
+         "EndpointSlice app/bad-ip"),
+        (endpoint_slice("fqdn", "web", [], family="FQDN"), "EndpointSlice app/fqdn"),
+        ({**endpoint_slice("orphan", "web", []), "metadata": {"name": "orphan",
+                                                             "namespace": "app"}},
+         "EndpointSlice app/orphan"),
+        ({**pod("no-ip", "10.0.0.5"), "status": {"phase": "Pending"}}, "Pod app/no-ip"),
+    ],
+)
+def test_bad_manifests_are_logged_with_file_and_name_and_the_rest_is_kept(
+    tmp_path: Path, bad: dict[str, object], object_name: str
+) -> None:
+    write(tmp_path / "mixed.yaml", service("web"), bad, pod("web-1", "10.0.0.1"),
+          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    cluster = Cluster()
+    with structlog.testing.capture_logs() as logs:
+        FilesSource(tmp_path).sync(cluster)
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0]["file"].endswith("mixed.yaml")
+    assert warnings[0]["object"] == object_name
+    assert ServiceKey("app", "web") in cluster.services
+    assert ("EndpointSlice", "app", "web-a") in cluster.slices
+    assert ("app", "web-1") in cluster.pods
+
+
+def test_demo_source_is_the_bundled_folder() -> None:
+    src = make_source("demo")
+    assert isinstance(src, FilesSource) and src.root == DEMO_DIR
+    cluster = Cluster()
+    with structlog.testing.capture_logs() as logs:
+        src.sync(cluster)
+    assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
+    assert len(cluster.services) >= 10
+    assert {n.zone for n in cluster.nodes.values()} == {"zone-a", "zone-b", "zone-c"}
+
+
+@pytest.mark.parametrize("spec", ["nope", "files:/definitely/not/here", "sim:"])
+def test_bad_source_specs_are_rejected(spec: str) -> None:
+    with pytest.raises((SourceSpecError, ScenarioError)):
+        make_source(spec)
+
+
+SCENARIO = {"seed": 42, "cluster": {"services": 5, "endpoints_per_service": 4, "zones": 3},
+            "churn": {"rate": 100, "patterns": {"rolling_restart": 1, "scale": 1,
+                                                "zone_loss": 0.3, "flap": 1}}}
+
+
+def fingerprint(seed: int, steps: int = 200) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    sim = SimCluster(parse_scenario({**SCENARIO, "seed": seed}))
+    out = []
+    for _, (pattern, events) in zip(range(steps), sim.changes(), strict=False):
+        out.append((pattern, tuple((e.type.value, f"{e.obj.kind}/{e.obj.meta.name}")
+                                   for e in events)))
+    return out
+
+
+def test_sim_churn_is_identical_for_the_same_seed_and_differs_for_another() -> None:
+    assert fingerprint(42) == fingerprint(42)
+    assert fingerprint(42) != fingerprint(43)
+    patterns = {p for p, _ in fingerprint(42)}
+    assert patterns == {"rolling_restart", "scale", "zone_loss", "flap"}
+
+
+async def test_sim_source_builds_the_cluster_and_churns_at_its_rate() -> None:
+    scenario = parse_scenario({**SCENARIO, "duration": 0.5})
+    emitted: list[float] = []
+    source = SimSource(scenario, on_emit=lambda i, p, t: emitted.append(t))
+    cluster = Cluster()
+    synced = asyncio.Event()
+    task = asyncio.create_task(source.run(cluster, synced))
+    await synced.wait()
+    assert len(cluster.services) == 5 and len(cluster.nodes) == 3
+    await asyncio.wait_for(source.finished.wait(), 5)
+    await task
+    assert 40 <= len(emitted) <= 50  # 100/s for 0.5 s
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"sed": 1}, "unknown key 'sed'"),
+        ({"cluster": {"services": 0}}, "cluster.services"),
+        ({"churn": {"rate": -1}}, "churn.rate"),
+        ({"churn": {"patterns": {"earthquake": 1}}}, "unknown key 'earthquake'"),
+        ({"duration": 0}, "duration"),
+        ([1, 2], "top level"),
+    ],
+)
+def test_bad_scenarios_name_the_key(raw: object, message: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(raw)
+    assert message in str(err.value)

@@ -1,0 +1,319 @@
+"""Views: merging, dedupe, port resolution, conditions, filter keys and sharing."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.cluster import Cluster
+from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
+from bridge.views import InvalidService, View, ViewChange, ViewRegistry
+from tests.unit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
+
+SVC = ServiceKey("app", "web")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.changes: list[ViewChange] = []
+
+    def on_view_change(self, view: View, change: ViewChange) -> None:
+        self.changes.append(change)
+
+
+def setup(config: MeshConfig | None = None) -> tuple[Cluster, ViewRegistry]:
+    cluster = Cluster()
+    return cluster, ViewRegistry(cluster, config or MeshConfig())
+
+
+def ips(view: View) -> set[str]:
+    return {r.endpoint.ip for r in view.snapshot.values()}
+
+
+def watch(reg: ViewRegistry, port: int = 80, fk: FilterKey | None = None) -> tuple[View, Recorder]:
+    rec = Recorder()
+    view = reg.subscribe(ViewKey(SVC, port, fk or FilterKey()), rec, "test")
+    return view, rec
+
+
+def test_slices_are_merged_and_an_endpoint_in_two_slices_is_served_once() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"), pod("web-2", "10.0.0.2"),
+         pod("web-3", "10.0.0.3"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1"),
+                                         endpoint("10.0.0.2", "web-2")]),
+         endpoint_slice("web-b", "web", [endpoint("10.0.0.2", "web-2"),
+                                         endpoint("10.0.0.3", "web-3")]))
+    view, _ = watch(reg)
+    assert sorted(ips(view)) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    assert len(view.snapshot) == 3
+
+
+def test_moving_an_endpoint_between_slices_sends_nothing() -> None:
+    cluster, reg = setup()
+    a = endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1"),
+                                        endpoint("10.0.0.2", "web-2")])
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"), pod("web-2", "10.0.0.2"), a)
+    view, rec = watch(reg)
+    version = view.version
+    # The endpoint slice controller adds the endpoint to the new slice, then drops it
+    # from the old one: two events, neither of which changes the merged set.
+    load(cluster, endpoint_slice("web-b", "web", [endpoint("10.0.0.2", "web-2")]))
+    load(cluster, endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    assert rec.changes == []
+    assert view.version == version
+    assert len(view.snapshot) == 2
+
+
+def test_target_port_is_resolved_by_service_port_name_not_target_port() -> None:
+    cluster, reg = setup()
+    load(cluster,
+         service("web", ports=[{"name": "http", "port": 80, "targetPort": 1234},
+                               {"name": "admin", "port": 9000, "targetPort": 9000}]),
+         pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")],
+                        ports=[{"name": "http", "port": 8080}, {"name": "admin", "port": 9990}]))
+    http, _ = watch(reg, 80)
+    admin, _ = watch(reg, 9000)
+    assert {r.endpoint.port for r in http.snapshot.values()} == {8080}
+    assert {r.endpoint.port for r in admin.snapshot.values()} == {9990}
+
+
+def test_a_port_the_service_does_not_declare_is_used_as_a_number() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")],
+                        ports=[{"name": "http", "port": 8080}]))
+    view, _ = watch(reg, 7777)
+    assert {(r.endpoint.ip, r.endpoint.port) for r in view.snapshot.values()} == {
+        ("10.0.0.1", 7777)}
+
+
+def test_a_slice_without_the_named_port_contributes_nothing() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"), pod("web-2", "10.0.0.2"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]),
+         endpoint_slice("web-b", "web", [endpoint("10.0.0.2", "web-2")],
+                        ports=[{"name": "grpc", "port": 9090}]))
+    view, _ = watch(reg)
+    assert ips(view) == {"10.0.0.1"}
+
+
+@pytest.mark.parametrize(
+    ("conditions", "kept", "ready"),
+    [
+        ({}, True, True),  # nil ready counts as ready
+        ({"ready": True}, True, True),
+        ({"ready": False}, False, False),
+        ({"ready": False, "serving": True, "terminating": True}, True, False),
+        ({"ready": False, "serving": False, "terminating": True}, False, False),
+    ],
+)
+def test_endpoint_conditions_are_kept_for_each_protocol_to_apply(
+    conditions: dict[str, bool], kept: bool, ready: bool
+) -> None:
+    cluster, reg = setup()
+    ep = endpoint("10.0.0.1", "web-1", ready=None)
+    ep["conditions"] = conditions
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [ep]))
+    view, _ = watch(reg)
+    assert bool(view.snapshot) is kept
+    if kept:
+        (r,) = view.snapshot.values()
+        assert r.endpoint.ready is ready
+
+
+def test_dual_stack_pods_are_served_over_ipv6_when_both_families_exist() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", ["10.0.0.1", "fd00::1"]),
+         pod("web-2", ["10.0.0.2"]),
+         endpoint_slice("web-v4", "web", [endpoint("10.0.0.1", "web-1"),
+                                          endpoint("10.0.0.2", "web-2")]),
+         endpoint_slice("web-v6", "web", [endpoint("fd00::1", "web-1")], family="IPv6"))
+    view, _ = watch(reg)
+    assert ips(view) == {"fd00::1", "10.0.0.2"}
+    cluster2, reg2 = setup(MeshConfig(enable_ipv6=False))
+    load(cluster2, service("web"), pod("web-1", ["10.0.0.1", "fd00::1"]),
+         endpoint_slice("web-v4", "web", [endpoint("10.0.0.1", "web-1")]),
+         endpoint_slice("web-v6", "web", [endpoint("fd00::1", "web-1")], family="IPv6"))
+    view2 = reg2.subscribe(ViewKey(SVC, 80), Recorder(), "test")
+    assert ips(view2) == {"10.0.0.1"}
+
+
+def test_statefulset_hostname_filter_keeps_only_that_instance() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-0", "10.0.0.1"), pod("web-1", "10.0.0.2"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-0", hostname="web-0"),
+                                         endpoint("10.0.0.2", "web-1", hostname="web-1")]))
+    view, _ = watch(reg, fk=FilterKey(hostname="web-1"))
+    assert ips(view) == {"10.0.0.2"}
+
+
+def hinted_cluster() -> tuple[Cluster, ViewRegistry]:
+    cluster, reg = setup()
+    load(cluster, node("node-a", "zone-a"), node("node-b", "zone-b"), node("node-c", "zone-c"),
+         service("web"), pod("web-a", "10.0.0.1"), pod("web-b", "10.0.0.2"),
+         endpoint_slice("web-s", "web", [
+             endpoint("10.0.0.1", "web-a", zone="zone-a", hints=["zone-a"]),
+             endpoint("10.0.0.2", "web-b", zone="zone-b", node="node-b", hints=["zone-b"]),
+         ]))
+    return cluster, reg
+
+
+def test_topology_hints_keep_endpoints_hinted_for_the_subscribers_zone() -> None:
+    _, reg = hinted_cluster()
+    view, _ = watch(reg, fk=FilterKey(node_name="node-b"))
+    assert ips(view) == {"10.0.0.2"}
+    (r,) = view.snapshot.values()
+    assert r.zone_locality == "local"
+
+
+def test_topology_hints_fall_back_to_all_when_no_endpoint_is_hinted_for_the_zone() -> None:
+    _, reg = hinted_cluster()
+    view, _ = watch(reg, fk=FilterKey(node_name="node-c"))
+    assert ips(view) == {"10.0.0.1", "10.0.0.2"}
+    assert {r.zone_locality for r in view.snapshot.values()} == {"remote"}
+
+
+def test_topology_hints_are_ignored_when_any_endpoint_lacks_them() -> None:
+    cluster, reg = hinted_cluster()
+    load(cluster, pod("web-c", "10.0.0.3"),
+         endpoint_slice("web-t", "web", [endpoint("10.0.0.3", "web-c", zone="zone-c")]))
+    view, _ = watch(reg, fk=FilterKey(node_name="node-b"))
+    assert ips(view) == {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+
+
+def test_unfiltered_keys_ignore_hints() -> None:
+    _, reg = hinted_cluster()
+    view, _ = watch(reg, fk=FilterKey(node_name="node-b", filtering=False))
+    assert ips(view) == {"10.0.0.1", "10.0.0.2"}
+
+
+def test_internal_traffic_policy_local_keeps_only_the_subscribers_node() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web", internalTrafficPolicy="Local"),
+         pod("web-a", "10.0.0.1", node="node-a"), pod("web-b", "10.0.0.2", node="node-b"),
+         endpoint_slice("web-s", "web", [endpoint("10.0.0.1", "web-a", node="node-a"),
+                                         endpoint("10.0.0.2", "web-b", node="node-b")]))
+    on_b, _ = watch(reg, fk=FilterKey(node_name="node-b"))
+    on_c, _ = watch(reg, fk=FilterKey(node_name="node-c"))
+    assert ips(on_b) == {"10.0.0.2"}
+    assert ips(on_c) == set()  # no fallback
+
+
+def test_zone_weights_multiply_local_endpoints() -> None:
+    cluster, reg = setup(MeshConfig(zone_weights=True))
+    load(cluster, node("node-a", "zone-a"), service("web"), pod("web-a", "10.0.0.1"),
+         pod("web-b", "10.0.0.2"),
+         endpoint_slice("web-s", "web", [endpoint("10.0.0.1", "web-a", zone="zone-a"),
+                                         endpoint("10.0.0.2", "web-b", zone="zone-b")]))
+    view, _ = watch(reg, fk=FilterKey(node_name="node-a"))
+    weights = {r.endpoint.ip: (r.weight, r.zone_locality) for r in view.snapshot.values()}
+    assert weights == {"10.0.0.1": (100000, "local"), "10.0.0.2": (10000, "remote")}
+
+
+def test_a_thousand_subscribers_of_one_key_share_one_diff_per_change() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    recorders = [Recorder() for _ in range(1000)]
+    views = {id(reg.subscribe(ViewKey(SVC, 80), r, "test")) for r in recorders}
+    assert len(views) == 1
+    view = reg.view(ViewKey(SVC, 80))
+    assert view is not None
+    before = view.diff_computations
+    load(cluster, pod("web-2", "10.0.0.2"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1"),
+                                         endpoint("10.0.0.2", "web-2")]))
+    assert view.diff_computations - before == 1
+    assert all(len(r.changes) == 1 for r in recorders)
+    # Every subscriber is handed the very same change object: nothing is copied per subscriber.
+    assert len({id(r.changes[0]) for r in recorders}) == 1
+    assert [e.endpoint.ip for e in recorders[0].changes[0].added] == ["10.0.0.2"]
+
+
+def test_the_per_version_cache_is_cleared_by_a_new_version() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    view, _ = watch(reg)
+    builds: list[int] = []
+
+    def build() -> int:
+        builds.append(view.version)
+        return view.version
+
+    assert view.cached("bytes", build) == view.cached("bytes", build)
+    delete(cluster, endpoint_slice("web-a", "web", []))
+    assert view.cached("bytes", build) == view.version
+    assert len(builds) == 2
+
+
+def test_a_changed_endpoint_is_re_added_and_a_vanished_one_removed() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"), pod("web-2", "10.0.0.2"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1"),
+                                         endpoint("10.0.0.2", "web-2")]))
+    _view, rec = watch(reg)
+    load(cluster, pod("web-1", "10.0.0.1", sa="other", rv="2"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    (change,) = rec.changes
+    assert [r.endpoint.ip for r in change.added] == ["10.0.0.1"]
+    assert "other.app.serviceaccount" in change.added[0].endpoint.identity
+    assert [r.endpoint.ip for r in change.removed] == ["10.0.0.2"]
+
+
+def test_service_deletion_empties_the_view_and_clears_exists() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    view, rec = watch(reg)
+    assert view.exists
+    delete(cluster, service("web"))
+    assert not view.exists and not view.snapshot
+    assert rec.changes[-1].exists_changed
+    load(cluster, service("web"))
+    assert view.exists and ips(view) == {"10.0.0.1"}
+
+
+def test_external_name_services_cannot_be_subscribed() -> None:
+    cluster, reg = setup()
+    load(cluster, service("mail", ports=[], type="ExternalName", externalName="smtp.example"))
+    with pytest.raises(InvalidService):
+        reg.subscribe(ViewKey(ServiceKey("app", "mail"), 25), Recorder(), "test")
+
+
+def test_the_last_unsubscribe_drops_the_view() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"))
+    a, b = Recorder(), Recorder()
+    key = ViewKey(SVC, 80)
+    reg.subscribe(key, a, "test")
+    reg.subscribe(key, b, "test")
+    reg.unsubscribe(key, a)
+    assert reg.view(key) is not None
+    reg.unsubscribe(key, b)
+    assert reg.view(key) is None and not reg.ports
+
+
+def test_an_endpoint_whose_pod_is_unknown_is_skipped_and_the_rest_served() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1"),
+                                         endpoint("10.0.0.9", "ghost")]))
+    view, _ = watch(reg)
+    assert ips(view) == {"10.0.0.1"}
+
+
+def test_address_endpoints_without_a_pod_are_named_after_the_address() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"),
+         endpoint_slice("web-a", "web", [endpoint("192.0.2.7", None, zone=None)],
+                        annotations={"mirror.linkerd.io/remote-gateway-identity": "gw.id",
+                                     "mirror.linkerd.io/remote-svc-fq-name": "web.app.svc.east"}))
+    view, _ = watch(reg)
+    (r,) = view.snapshot.values()
+    assert r.id.kind == "address" and r.id.name == "web-192.0.2.7-8080"
+    assert r.endpoint.identity == "gw.id"
+    assert r.endpoint.authority_override == "web.app.svc.east:80"
+    assert r.endpoint.hint is not None and r.endpoint.hint.h2
