@@ -60,6 +60,9 @@ class App:
         self.cluster = Cluster()
         self.views = ViewRegistry(self.cluster, self.config)
         self.metrics = registry or prometheus_client.CollectorRegistry()
+        if registry is None:
+            prometheus_client.ProcessCollector(registry=self.metrics)
+            prometheus_client.PlatformCollector(registry=self.metrics)
         self.synced = asyncio.Event()
         self.admin = AdminServer()
         self.layers = list(layers)

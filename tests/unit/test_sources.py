@@ -174,3 +174,34 @@ def test_bad_scenarios_name_the_key(raw: object, message: str) -> None:
     with pytest.raises(ScenarioError) as err:
         parse_scenario(raw)
     assert message in str(err.value)
+
+
+def test_demo_serves_the_counts_its_readme_promises() -> None:
+    """examples/demo/README.md's table, checked against what the core computes."""
+    from bridge.model import FilterKey, MeshConfig, ViewKey
+    from bridge.views import ViewRegistry
+
+    cluster = Cluster()
+    registry = ViewRegistry(cluster, MeshConfig())
+    make_source("demo").sync(cluster)  # type: ignore[attr-defined]
+    expected = {
+        ("emojivoto/web", 80): 2, ("emojivoto/web-canary", 80): 1,
+        ("emojivoto/emoji", 8080): 2, ("emojivoto/emoji", 8801): 2,
+        ("emojivoto/voting", 8080): 3, ("shop/catalog", 80): 6, ("shop/cart", 8080): 2,
+        ("shop/payments", 8080): 0, ("shop/cache", 6379): 1, ("shop/queue", 5672): 1,
+        ("shop/queue", 15672): 1, ("shop/search", 9090): 2, ("shop/search", 9091): 2,
+        ("data/db", 5432): 3, ("legacy/billing", 80): 3, ("legacy/reports", 8080): 0,
+    }
+    for (svc, port), count in expected.items():
+        ns, name = svc.split("/")
+        _, merged = registry.merge_endpoints(ServiceKey(ns, name), port)
+        view = registry.filter_endpoints(ViewKey(ServiceKey(ns, name), port), merged)
+        ready = [r for r in view.values() if r.endpoint.ready]
+        assert len(ready) == count, (svc, port, ready)
+    local = ViewKey(ServiceKey("shop", "node-local-agent"), 4317, FilterKey(node_name="node-a"))
+    _, merged = registry.merge_endpoints(local.service, 4317)
+    assert len(registry.filter_endpoints(local, merged)) == 1
+    cart = ViewKey(ServiceKey("shop", "cart"), 8080)
+    _, merged = registry.merge_endpoints(cart.service, 8080)
+    assert {r.endpoint.family for r in registry.filter_endpoints(cart, merged).values()} == {
+        "IPv6"}
