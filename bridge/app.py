@@ -63,6 +63,9 @@ class App:
         if registry is None:
             prometheus_client.ProcessCollector(registry=self.metrics)
             prometheus_client.PlatformCollector(registry=self.metrics)
+        register_metrics = getattr(source, "register_metrics", None)
+        if register_metrics is not None:
+            register_metrics(self.metrics)
         self.synced = asyncio.Event()
         self.admin = AdminServer()
         self.layers = list(layers)

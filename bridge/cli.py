@@ -95,6 +95,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--source", default="demo", help="demo | files:DIR | sim:FILE | kube")
     p.add_argument("--listen", default="0.0.0.0:8086", help="gRPC address for both APIs")
     p.add_argument("--admin", default="0.0.0.0:9996", help="admin HTTP address")
+    p.add_argument("--kubeconfig", default=None, help="kube source: kubeconfig file")
+    p.add_argument("--context", default=None, help="kube source: kubeconfig context")
+    p.add_argument("--endpoints-api", choices=("endpointslices", "endpoints"),
+                   default="endpointslices",
+                   help="kube source: watch EndpointSlices (default) or v1 Endpoints")
     p.add_argument("--log-format", choices=("json", "console"), default="console")
     p.add_argument("--log-level", default="info")
     p.add_argument("--shutdown-grace", type=float, default=10.0,

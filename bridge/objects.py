@@ -586,3 +586,22 @@ def decode_object(raw: Any, kind: str | None = None) -> KubeObject | None:
     except (TypeError, ValueError, AttributeError) as e:  # defensive: never crash a source
         raise ObjectError(k, display_name(raw), f"malformed: {e}") from None
     return obj
+
+
+def tombstone(kind: str, namespace: str, name: str) -> KubeObject | None:
+    """A key-only object of `kind`, enough for the cache to delete what it holds under
+    that key when the real object can no longer be decoded."""
+    meta = Meta(name=name, namespace=namespace)
+    makers: dict[str, Any] = {
+        "Service": lambda: Service(meta),
+        "EndpointSlice": lambda: EndpointSlice(meta, "", "", None, ()),
+        "Endpoints": lambda: EndpointSlice(meta, "", "", None, (), kind="Endpoints"),
+        "Pod": lambda: Pod(meta),
+        "Node": lambda: Node(Meta(name=name, namespace="")),
+        "ReplicaSet": lambda: ReplicaSet(meta),
+        "Server": lambda: Server(meta, None, 0),
+        "ServiceProfile": lambda: ServiceProfile(meta, {}),
+        "Namespace": lambda: Namespace(Meta(name=name, namespace="")),
+    }
+    make = makers.get(kind)
+    return make() if make is not None else None

@@ -50,12 +50,11 @@ def make_source(spec: str, **options: object) -> Source:
 
         return SimSource(load_scenario(Path(arg)))
     if kind == "kube":
-        try:
-            from bridge.sources.kube import KubeSource  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as e:  # pragma: no cover - until the kube source lands
-            raise SourceSpecError(f"kube source unavailable: {e}") from None
-        src: Source = KubeSource(**options)
-        return src
+        from bridge.sources.kube import KubeSource
+
+        if arg:
+            raise SourceSpecError("kube source takes no argument; use --kubeconfig/--context")
+        return KubeSource(**options)  # type: ignore[arg-type]
     raise SourceSpecError(
         f"unknown source {spec!r}: expected demo, files:DIR, sim:FILE or kube"
     )

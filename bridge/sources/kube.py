@@ -1,0 +1,452 @@
+"""The kube source: list + watch a real Kubernetes API, the way an informer does.
+
+One thread per kind runs the blocking list/watch loop and hands decoded events to the
+asyncio loop (`call_soon_threadsafe`), so the loop never blocks on the network. The
+`kubernetes` package is used for what it does best — reading kubeconfig and in-cluster
+credentials — and the requests are plain HTTP/JSON over urllib3, so every object
+reaches `decode_object` in exactly the shape a manifest file has.
+
+Watch correctness, as client-go's reflector does it:
+  * the list's resourceVersion carries into the watch; bookmarks are requested and
+    only move that resourceVersion forward;
+  * a server-side watch timeout is renewed silently from the last resourceVersion;
+  * `410 Gone` relists, and the relist is applied as the real difference only
+    (`Cluster.replace`), so no spurious remove/add reaches any stream;
+  * disconnects retry with capped exponential backoff and full jitter; meanwhile the
+    last-known state keeps being served and `stale` is true (so /ready says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import prometheus_client
+import structlog
+import urllib3
+
+from bridge.cluster import Cluster, Event, EventType
+from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
+
+log = structlog.get_logger("meshbridge.sources.kube")
+
+LIST_PAGE = 500
+WATCH_TIMEOUT_RANGE = (240, 480)  # seconds; randomised like client-go to spread renewals
+BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0
+FORBIDDEN_RETRY = 60.0  # an RBAC denial is retried, slowly, in case it is fixed
+MISSING_CRD_RETRY = 300.0  # a CRD that is not installed is re-checked rarely
+LAG_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    kind: str
+    path: str
+    lag_metric: str  # Linkerd's `<kind>_informer_lag_seconds` name (spec §4.9)
+    cache_metric: str  # Linkerd's `<kind>_cache_size` name
+    optional: bool = False  # a CRD that may not be installed
+
+
+KINDS = {
+    "Service": KindSpec("Service", "/api/v1/services", "services", "service"),
+    "EndpointSlice": KindSpec("EndpointSlice", "/apis/discovery.k8s.io/v1/endpointslices",
+                              "endpointslices", "endpointslices"),
+    "Endpoints": KindSpec("Endpoints", "/api/v1/endpoints", "endpoints", "endpoints"),
+    "Pod": KindSpec("Pod", "/api/v1/pods", "pods", "pod"),
+    "Node": KindSpec("Node", "/api/v1/nodes", "nodes", "node"),
+    "ReplicaSet": KindSpec("ReplicaSet", "/apis/apps/v1/replicasets", "replicasets",
+                           "replicaset"),
+    "Server": KindSpec("Server", "/apis/policy.linkerd.io/v1beta3/servers", "servers",
+                       "server", optional=True),
+    "ServiceProfile": KindSpec("ServiceProfile", "/apis/linkerd.io/v1alpha2/serviceprofiles",
+                               "serviceprofiles", "serviceprofile", optional=True),
+}
+
+
+def watched_kinds(endpoints_api: str) -> list[KindSpec]:
+    """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this."""
+    endpoints = "Endpoints" if endpoints_api == "endpoints" else "EndpointSlice"
+    order = ["Node", "ReplicaSet", "Pod", "Server", "Service", endpoints, "ServiceProfile"]
+    return [KINDS[k] for k in order]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class Gone(Exception):
+    """The resourceVersion we watch from has been compacted away: relist."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    host: str
+    headers: dict[str, str]
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    verify: bool
+
+
+def load_credentials(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
+    """In-cluster config when running in a pod (and no kubeconfig is named), else
+    KUBECONFIG / ~/.kube/config, as kubectl does."""
+    from kubernetes import client, config  # imported lazily: heavy, and only needed here
+
+    cfg = client.Configuration()
+    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(config_file=kubeconfig, context=context,
+                                client_configuration=cfg)
+    headers = {"Accept": "application/json", "User-Agent": "meshbridge"}
+    token = cfg.get_api_key_with_prefix("authorization")
+    if token:
+        headers["Authorization"] = token
+    return Credentials(cfg.host.rstrip("/"), headers, cfg.ssl_ca_cert, cfg.cert_file,
+                       cfg.key_file, bool(cfg.verify_ssl))
+
+
+class ApiClient:
+    """GET and streaming GET against the API server, JSON in, JSON out."""
+
+    def __init__(self, creds: Credentials) -> None:
+        self.creds = creds
+        kwargs: dict[str, Any] = {"maxsize": 16, "retries": False}
+        if creds.host.startswith("https"):
+            kwargs["cert_reqs"] = "CERT_REQUIRED" if creds.verify else "CERT_NONE"
+            if creds.ca_file:
+                kwargs["ca_certs"] = creds.ca_file
+            if creds.cert_file:
+                kwargs["cert_file"] = creds.cert_file
+                kwargs["key_file"] = creds.key_file
+        self.pool = urllib3.PoolManager(**kwargs)
+
+    def open(self, path: str, params: dict[str, Any], read_timeout: float) -> Any:
+        resp = self.pool.request(
+            "GET", self.creds.host + path, fields=params, headers=self.creds.headers,
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=5.0, read=read_timeout),
+        )
+        if resp.status >= 300:
+            body = resp.read(65536)
+            resp.release_conn()
+            reason = resp.reason or ""
+            with contextlib.suppress(ValueError):
+                reason = json.loads(body).get("message", reason)
+            if resp.status == 410:
+                raise Gone(reason)
+            raise ApiError(resp.status, reason)
+        return resp
+
+    def get_json(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
+        resp = self.open(path, params, read_timeout=60.0)
+        try:
+            data = json.loads(resp.read())
+        finally:
+            resp.release_conn()
+        if not isinstance(data, dict):
+            raise ApiError(0, f"{path}: response is not an object")
+        return data
+
+
+def newest_update_time(raw: dict[str, Any]) -> float | None:
+    """The newest managedFields time of an Update operation (Linkerd's informer lag)."""
+    newest = None
+    md = raw.get("metadata")
+    fields = md.get("managedFields") if isinstance(md, dict) else None
+    for f in fields if isinstance(fields, list) else ():
+        if not isinstance(f, dict) or f.get("operation") != "Update":
+            continue
+        if isinstance(f.get("time"), str):
+            with contextlib.suppress(ValueError):
+                t = datetime.fromisoformat(f["time"].replace("Z", "+00:00")).timestamp()
+                newest = t if newest is None or t > newest else newest
+    return newest
+
+
+class KindWatcher:
+    """The reflector of one kind: list, then watch from the list's resourceVersion."""
+
+    def __init__(self, spec: KindSpec, client: ApiClient, emit: Callable[[Any], None],
+                 lag: prometheus_client.Histogram | None) -> None:
+        self.spec = spec
+        self.client = client
+        self.emit = emit
+        self.lag = lag
+        self.stopping = threading.Event()
+        self.connected = False
+        self.synced = False
+        self.resource_version = ""
+        self.relists = 0
+        self._response: Any = None
+        self._update_times: dict[tuple[str, str], float] = {}
+        self.thread = threading.Thread(target=self._run, name=f"watch-{spec.kind}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        resp = self._response
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                resp.shutdown()
+            with contextlib.suppress(Exception):
+                resp.release_conn()
+
+    # -- the loop
+
+    def _run(self) -> None:
+        attempt = 0
+        need_list = True
+        reported: str | None = None
+        while not self.stopping.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                    reported = None
+                self.connected = True
+                attempt = 0
+                self._watch()  # returns when the server ends the watch: renew silently
+            except Gone:
+                log.info("watch expired; relisting", kind=self.spec.kind,
+                         resource_version=self.resource_version)
+                need_list = True
+            except ApiError as e:
+                self.connected = False
+                if e.status == 404 and self.spec.optional:
+                    if reported != "missing":
+                        log.warning("CRD not installed; will check again later",
+                                    kind=self.spec.kind, path=self.spec.path)
+                        reported = "missing"
+                    self._settle_empty()
+                    self.stopping.wait(MISSING_CRD_RETRY)
+                elif e.status in (401, 403):
+                    if reported != "forbidden":
+                        log.error("access denied; other kinds keep working", kind=self.spec.kind,
+                                  status=e.status, reason=e.reason)
+                        reported = "forbidden"
+                    self._settle_empty()
+                    self.stopping.wait(FORBIDDEN_RETRY)
+                else:
+                    attempt = self._back_off(attempt, str(e))
+                need_list = need_list or not self.resource_version
+            except Exception as e:  # network errors, truncated streams: retry
+                if self.stopping.is_set():
+                    return
+                self.connected = False
+                attempt = self._back_off(attempt, f"{type(e).__name__}: {e}")
+
+    def _settle_empty(self) -> None:
+        """A kind we cannot read counts as listed-empty so readiness is not held hostage."""
+        if not self.synced:
+            self.emit(("replace", self.spec.kind, []))
+            self.synced = True
+
+    def _back_off(self, attempt: int, reason: str) -> int:
+        delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
+        log.warning("watch disconnected; retrying", kind=self.spec.kind, reason=reason,
+                    retry_in=round(delay, 2))
+        self.stopping.wait(delay)
+        return attempt + 1
+
+    def _list(self) -> None:
+        objs: list[KubeObject] = []
+        params: dict[str, Any] = {"limit": LIST_PAGE}
+        while True:
+            page = self.client.get_json(self.spec.path, params)
+            for raw in page.get("items") or []:
+                obj = self._decode(raw)
+                if obj is not None:
+                    objs.append(obj)
+                    self._note_update_time(raw, observe=False)
+            md = page.get("metadata") or {}
+            cont = md.get("continue")
+            if not cont:
+                self.resource_version = str(md.get("resourceVersion", ""))
+                break
+            params = {"limit": LIST_PAGE, "continue": cont}
+        self.relists += 1
+        self.emit(("replace", self.spec.kind, objs))
+        self.synced = True
+
+    def _watch(self) -> None:
+        timeout = random.randint(*WATCH_TIMEOUT_RANGE)
+        params = {"watch": "1", "resourceVersion": self.resource_version,
+                  "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout)}
+        resp = self.client.open(self.spec.path, params, read_timeout=timeout + 30)
+        self._response = resp
+        try:
+            for line in _lines(resp):
+                if self.stopping.is_set():
+                    return
+                self._handle(json.loads(line))
+        finally:
+            self._response = None
+            with contextlib.suppress(Exception):
+                resp.release_conn()
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        etype, raw = event.get("type"), event.get("object") or {}
+        if etype == "ERROR":
+            if raw.get("code") == 410:
+                raise Gone(str(raw.get("message", "")))
+            raise ApiError(int(raw.get("code") or 0), str(raw.get("message", "")))
+        md = raw.get("metadata") or {}
+        if md.get("resourceVersion"):
+            self.resource_version = str(md["resourceVersion"])
+        if etype == "BOOKMARK":
+            return
+        if etype == "DELETED":
+            self._update_times.pop((md.get("namespace", ""), md.get("name", "")), None)
+            obj = self._decode(raw, quiet=True) or tombstone(
+                self.spec.kind, str(md.get("namespace", "")), str(md.get("name", "")))
+            if obj is not None:
+                self.emit(("event", Event(EventType.DELETED, obj)))
+            return
+        if etype not in ("ADDED", "MODIFIED"):
+            return
+        if etype == "MODIFIED":
+            self._note_update_time(raw, observe=True)
+        obj = self._decode(raw)
+        if obj is None:
+            # An object that became unusable (a pod that lost its IP) leaves the cache.
+            gone = tombstone(self.spec.kind, str(md.get("namespace", "")),
+                             str(md.get("name", "")))
+            if gone is not None:
+                self.emit(("event", Event(EventType.DELETED, gone)))
+            return
+        self.emit(("event", Event(EventType.ADDED if etype == "ADDED" else EventType.MODIFIED,
+                                  obj)))
+
+    def _decode(self, raw: Any, quiet: bool = False) -> KubeObject | None:
+        try:
+            return decode_object(raw, kind=self.spec.kind)
+        except ObjectError as e:
+            if not quiet:
+                log.warning("API object skipped", kind=self.spec.kind, object=e.name,
+                            reason=e.reason)
+            return None
+
+    def _note_update_time(self, raw: dict[str, Any], observe: bool) -> None:
+        t = newest_update_time(raw)
+        if t is None:
+            return
+        md = raw.get("metadata") or {}
+        key = (str(md.get("namespace", "")), str(md.get("name", "")))
+        if observe and self.lag is not None and self._update_times.get(key) != t:
+            self.lag.observe(max(0.0, time.time() - t))
+        self._update_times[key] = t
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    buf = b""
+    for chunk in resp.stream(65536):
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield line
+    if buf.strip():
+        yield buf
+
+
+class KubeSource:
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None,
+                 endpoints_api: str = "endpointslices",
+                 credentials: Credentials | None = None) -> None:
+        if endpoints_api not in ("endpointslices", "endpoints"):
+            raise ValueError(f"--endpoints-api {endpoints_api!r}: endpointslices or endpoints")
+        self.name = "kube"
+        self.kubeconfig = kubeconfig
+        self.context = context
+        self.endpoints_api = endpoints_api
+        self._credentials = credentials
+        self.watchers: list[KindWatcher] = []
+        self._metrics: prometheus_client.CollectorRegistry | None = None
+
+    def register_metrics(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self._metrics = registry
+
+    @property
+    def stale(self) -> bool:
+        return any(not w.connected for w in self.watchers if w.synced)
+
+    async def run(self, cluster: Cluster, synced: asyncio.Event) -> None:
+        creds = self._credentials
+        if creds is None:
+            creds = await asyncio.to_thread(load_credentials, self.kubeconfig, self.context)
+        client = ApiClient(creds)
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+
+        def emit(item: Any) -> None:
+            loop.call_soon_threadsafe(inbox.put_nowait, item)
+
+        specs = watched_kinds(self.endpoints_api)
+        gauges = self._cache_gauges(specs, cluster)
+        self.watchers = [KindWatcher(s, client, emit, self._lag_histogram(s)) for s in specs]
+        pending = {s.kind for s in specs}
+        log.info("watching the Kubernetes API", host=creds.host,
+                 kinds=[s.kind for s in specs])
+        for w in self.watchers:
+            w.start()
+        try:
+            while True:
+                batch = [await inbox.get()]
+                while not inbox.empty():
+                    batch.append(inbox.get_nowait())
+                events: list[Event] = []
+                for item in batch:
+                    if item[0] == "event":
+                        events.append(item[1])
+                        continue
+                    if events:
+                        cluster.apply(events)
+                        events = []
+                    _, kind, objs = item
+                    cluster.replace(kind, objs)
+                    pending.discard(kind)
+                if events:
+                    cluster.apply(events)
+                if not pending and not synced.is_set():
+                    log.info("initial list applied", **cluster.counts())
+                    synced.set()
+                for kind, gauge in gauges.items():
+                    gauge.set(len(cluster.objects(kind)))
+        finally:
+            for w in self.watchers:
+                w.stop()
+
+    def _lag_histogram(self, spec: KindSpec) -> prometheus_client.Histogram | None:
+        if self._metrics is None:
+            return None
+        return prometheus_client.Histogram(
+            f"{spec.lag_metric}_informer_lag_seconds",
+            f"Delay between a {spec.kind} update and this informer seeing it",
+            buckets=LAG_BUCKETS, registry=self._metrics)
+
+    def _cache_gauges(self, specs: list[KindSpec],
+                      cluster: Cluster) -> dict[str, prometheus_client.Gauge]:
+        if self._metrics is None:
+            return {}
+        return {
+            s.kind: prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
+                                            f"Number of {s.kind} objects in the cache",
+                                            ["cluster"], registry=self._metrics).labels("local")
+            for s in specs
+        }
