@@ -112,7 +112,8 @@ def load_credentials(kubeconfig: str | None = None, context: str | None = None) 
         config.load_kube_config(config_file=kubeconfig, context=context,
                                 client_configuration=cfg)
     headers = {"Accept": "application/json", "User-Agent": "meshbridge"}
-    token = cfg.get_api_key_with_prefix("authorization")
+    # Client versions differ in the key they file the bearer token under.
+    token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
     if token:
         headers["Authorization"] = token
     return Credentials(cfg.host.rstrip("/"), headers, cfg.ssl_ca_cert, cfg.cert_file,
@@ -188,6 +189,8 @@ class KindWatcher:
         self.lag = lag
         self.stopping = threading.Event()
         self.connected = False
+        # Not readable at all (CRD missing, access denied): served as empty, not stale.
+        self.unavailable = False
         self.synced = False
         self.resource_version = ""
         self.relists = 0
@@ -219,7 +222,7 @@ class KindWatcher:
                     self._list()
                     need_list = False
                     reported = None
-                self.connected = True
+                self.connected, self.unavailable = True, False
                 attempt = 0
                 self._watch()  # returns when the server ends the watch: renew silently
             except Gone:
@@ -253,6 +256,7 @@ class KindWatcher:
 
     def _settle_empty(self) -> None:
         """A kind we cannot read counts as listed-empty so readiness is not held hostage."""
+        self.unavailable = True
         if not self.synced:
             self.emit(("replace", self.spec.kind, []))
             self.synced = True
@@ -384,7 +388,7 @@ class KubeSource:
 
     @property
     def stale(self) -> bool:
-        return any(not w.connected for w in self.watchers if w.synced)
+        return any(w.synced and not w.connected and not w.unavailable for w in self.watchers)
 
     async def run(self, cluster: Cluster, synced: asyncio.Event) -> None:
         creds = self._credentials

@@ -1,0 +1,262 @@
+"""The kube source against a real kube-apiserver + etcd (tests/integration/kubeapi.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from bridge.app import App, ServeOptions
+from bridge.model import FilterKey, ServiceKey, ViewKey
+from bridge.sources.kube import KubeSource
+from bridge.views import View, ViewChange
+from tests.conftest import protocol_layers
+from tests.integration import kubeapi
+from tests.integration.kubeapi import KubeAPIServer
+
+kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.changes: list[ViewChange] = []
+
+    def on_view_change(self, view: View, change: ViewChange) -> None:
+        self.changes.append(change)
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def api(kube_apiserver: KubeAPIServer) -> Iterator[client.ApiClient]:
+    c = config.new_client_from_config(str(kube_apiserver.kubeconfig_path))
+    yield c
+    c.close()
+
+
+class Objects:
+    """Creates discovery objects through the API, in a namespace of its own."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+        self.discovery = client.DiscoveryV1Api(api)
+        self.ns = f"t-{uuid.uuid4().hex[:8]}"
+        self.nodes: list[str] = []
+        self.core.create_namespace({"metadata": {"name": self.ns}})
+
+    def node(self, zone: str) -> str:
+        name = f"{self.ns}-{zone}"
+        self.core.create_node({"metadata": {"name": name,
+                                            "labels": {"topology.kubernetes.io/zone": zone}}})
+        self.nodes.append(name)
+        return name
+
+    def pod(self, name: str, ip: str, node: str, meshed: bool = True) -> None:
+        labels = {"app": "web"}
+        containers: list[dict[str, Any]] = [
+            {"name": "app", "image": "app", "ports": [{"name": "http", "containerPort": 8080}]}]
+        if meshed:
+            labels["linkerd.io/control-plane-ns"] = "linkerd"
+            containers.append({"name": "linkerd-proxy", "image": "proxy", "env": [
+                {"name": "LINKERD2_PROXY_INBOUND_LISTEN_ADDR", "value": "0.0.0.0:4143"},
+                {"name": "LINKERD2_PROXY_ADMIN_LISTEN_ADDR", "value": "0.0.0.0:4191"},
+                {"name": "LINKERD2_PROXY_CONTROL_LISTEN_ADDR", "value": "0.0.0.0:4190"}]})
+        self.core.create_namespaced_pod(self.ns, {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"nodeName": node, "serviceAccountName": "web", "containers": containers},
+        })
+        self.core.patch_namespaced_pod_status(name, self.ns, {"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
+
+    def service(self, name: str = "web") -> None:
+        self.core.create_namespaced_service(self.ns, {
+            "metadata": {"name": name},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+        })
+
+    def slice_body(self, name: str, pods: list[tuple[str, str]],
+                   service: str = "web") -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": True},
+                           "targetRef": {"kind": "Pod", "name": pod, "namespace": self.ns}}
+                          for pod, ip in pods],
+        }
+
+    def put_slice(self, name: str, pods: list[tuple[str, str]]) -> None:
+        body = self.slice_body(name, pods)
+        try:
+            self.discovery.create_namespaced_endpoint_slice(self.ns, body)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+            self.discovery.replace_namespaced_endpoint_slice(name, self.ns, body)
+
+    def cleanup(self) -> None:
+        for n in self.nodes:
+            try:
+                self.core.delete_node(n)
+            except client.ApiException:
+                pass
+
+
+@pytest.fixture
+def objs(api: client.ApiClient) -> Iterator[Objects]:
+    o = Objects(api)
+    yield o
+    o.cleanup()
+
+
+@pytest.fixture
+async def start_app(kube_apiserver: KubeAPIServer) -> AsyncIterator[Callable[..., Any]]:
+    apps: list[App] = []
+
+    async def start(**source_options: Any) -> App:
+        source = KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path), **source_options)
+        app = App(source, options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"),
+                  layers=protocol_layers())
+        apps.append(app)
+        await app.start()
+        return app
+
+    yield start
+    for app in apps:
+        await app.stop(0.2)
+
+
+def watch(app: App, ns: str, service: str = "web") -> tuple[View, Recorder]:
+    rec = Recorder()
+    view = app.views.subscribe(ViewKey(ServiceKey(ns, service), 80, FilterKey()), rec, "test")
+    return view, rec
+
+
+def served(view: View) -> set[str]:
+    return {r.endpoint.ip for r in view.snapshot.values() if r.endpoint.ready}
+
+
+async def test_the_kube_source_serves_what_the_api_holds_and_follows_scaling(
+    objs: Objects, start_app: Callable[..., Any]
+) -> None:
+    node = objs.node("zone-a")
+    objs.pod("web-1", "10.1.0.1", node)
+    objs.pod("web-2", "10.1.0.2", node, meshed=False)
+    objs.service()
+    objs.put_slice("web-a", [("web-1", "10.1.0.1")])
+    app = await start_app()
+    view, _ = watch(app, objs.ns)
+    assert served(view) == {"10.1.0.1"}
+    (r,) = view.snapshot.values()
+    assert r.endpoint.identity == f"web.{objs.ns}.serviceaccount.identity.linkerd.cluster.local"
+    assert r.endpoint.zone is None and r.endpoint.region == ""
+    objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
+    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"})
+    objs.put_slice("web-a", [("web-2", "10.1.0.2")])
+    await eventually(lambda: served(view) == {"10.1.0.2"})
+    assert app.source.stale is False
+    code = app.admin_port
+    assert code  # the admin port is serving /ready from the synced source
+
+
+async def test_moving_an_endpoint_between_slices_causes_no_flap(
+    objs: Objects, start_app: Callable[..., Any]
+) -> None:
+    node = objs.node("zone-a")
+    objs.pod("web-1", "10.1.0.1", node)
+    objs.pod("web-2", "10.1.0.2", node)
+    objs.service()
+    objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
+    app = await start_app()
+    view, rec = watch(app, objs.ns)
+    assert served(view) == {"10.1.0.1", "10.1.0.2"}
+    objs.put_slice("web-b", [("web-2", "10.1.0.2")])
+    objs.put_slice("web-a", [("web-1", "10.1.0.1")])
+    # Wait until the cache has seen both writes, then check nothing was published.
+    await eventually(lambda: len(app.cluster.slices_of(ServiceKey(objs.ns, "web"))) == 2
+                     and len(app.cluster.slices[("EndpointSlice", objs.ns, "web-a")]
+                             .endpoints) == 1)
+    assert rec.changes == []
+    assert served(view) == {"10.1.0.1", "10.1.0.2"}
+
+
+async def test_an_api_outage_keeps_the_last_state_then_converges(
+    objs: Objects, start_app: Callable[..., Any], kube_apiserver: KubeAPIServer
+) -> None:
+    node = objs.node("zone-a")
+    objs.pod("web-1", "10.1.0.1", node)
+    objs.pod("web-2", "10.1.0.2", node)
+    objs.service()
+    objs.put_slice("web-a", [("web-1", "10.1.0.1")])
+    app = await start_app()
+    view, _ = watch(app, objs.ns)
+    kube_apiserver.stop_apiserver()
+    try:
+        await eventually(lambda: app.source.stale, timeout=30)
+        assert served(view) == {"10.1.0.1"}  # proxies keep the last-known truth
+    finally:
+        kube_apiserver.start_apiserver()
+    objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
+    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=40)
+    await eventually(lambda: not app.source.stale, timeout=30)
+
+
+async def test_a_410_relist_sends_no_spurious_updates(
+    objs: Objects, start_app: Callable[..., Any], kube_apiserver: KubeAPIServer
+) -> None:
+    node = objs.node("zone-a")
+    objs.pod("web-1", "10.1.0.1", node)
+    objs.service()
+    objs.put_slice("web-a", [("web-1", "10.1.0.1")])
+    app = await start_app()
+    source = app.source
+    assert isinstance(source, KubeSource)
+    view, rec = watch(app, objs.ns)
+    before = {w.spec.kind: w.relists for w in source.watchers}
+    # Break every watch while etcd compacts past their resourceVersions: each must
+    # come back with 410 Gone and relist.
+    kube_apiserver.stop_apiserver()
+    try:
+        kube_apiserver.compact_etcd()
+    finally:
+        kube_apiserver.start_apiserver()
+    await eventually(lambda: all(w.relists > before[w.spec.kind] for w in source.watchers
+                                 if w.spec.kind in ("Service", "EndpointSlice", "Pod")),
+                     timeout=40)
+    assert rec.changes == []
+    assert served(view) == {"10.1.0.1"}
+    # And the watches that follow the relist still deliver changes.
+    objs.pod("web-2", "10.1.0.2", node)
+    objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
+    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=20)
+
+
+async def test_endpoints_api_mode_watches_v1_endpoints(
+    objs: Objects, start_app: Callable[..., Any], api: client.ApiClient
+) -> None:
+    node = objs.node("zone-a")
+    objs.pod("web-1", "10.1.0.1", node)
+    objs.service()
+    objs.core.create_namespaced_endpoints(objs.ns, {
+        "metadata": {"name": "web"},
+        "subsets": [{"addresses": [{"ip": "10.1.0.1", "targetRef": {
+            "kind": "Pod", "name": "web-1", "namespace": objs.ns}}],
+            "ports": [{"name": "http", "port": 8080}]}],
+    })
+    # A slice that disagrees, to prove the Endpoints API is the one read.
+    objs.put_slice("web-a", [("web-1", "10.1.0.99")])
+    app = await start_app(endpoints_api="endpoints")
+    view, _ = watch(app, objs.ns)
+    assert served(view) == {"10.1.0.1"}
+    assert {r.id.family for r in view.snapshot.values()} == {""}
