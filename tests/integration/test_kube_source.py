@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -107,10 +108,8 @@ class Objects:
 
     def cleanup(self) -> None:
         for n in self.nodes:
-            try:
+            with contextlib.suppress(client.ApiException):
                 self.core.delete_node(n)
-            except client.ApiException:
-                pass
 
 
 @pytest.fixture
