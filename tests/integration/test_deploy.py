@@ -1,0 +1,146 @@
+"""deploy/ against a real kube-apiserver: it applies, and its RBAC is exactly enough."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import yaml
+from kubernetes import client, config, utils
+
+from bridge.cluster import Cluster
+from bridge.sources.kube import KINDS, KubeSource, watched_kinds
+from tests.integration import kubeapi
+from tests.integration.kubeapi import KubeAPIServer
+
+kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SA_USER = "system:serviceaccount:meshbridge:meshbridge"
+SA_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:meshbridge", "system:authenticated")
+
+
+def manifests(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+def group_and_resource(path: str) -> tuple[str, str]:
+    parts = path.strip("/").split("/")
+    return ("", parts[-1]) if parts[0] == "api" else (parts[1], parts[-1])
+
+
+@pytest.fixture(scope="module")
+def applied(kube_apiserver: KubeAPIServer) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(str(kube_apiserver.kubeconfig_path))
+    for name in ("namespace.yaml", "rbac.yaml", "service.yaml"):
+        for doc in manifests(name):
+            with contextlib.suppress(utils.FailToCreateError):  # already there from a rerun
+                utils.create_from_dict(api, doc)
+    yield api
+    api.close()
+
+
+def test_the_cluster_role_grants_exactly_what_the_kube_source_watches() -> None:
+    (role,) = [d for d in manifests("rbac.yaml") if d["kind"] == "ClusterRole"]
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"] for group in rule["apiGroups"]
+        for resource in rule["resources"] for verb in rule["verbs"]
+    }
+    needed = {
+        (*group_and_resource(spec.path), verb)
+        for mode in ("endpointslices", "endpoints") for spec in watched_kinds(mode)
+        for verb in ("get", "list", "watch")
+    }
+    assert granted == needed
+    assert {s.kind for s in watched_kinds("endpoints")} | {"EndpointSlice"} == set(KINDS)
+
+
+def access(api: client.ApiClient, verb: str, group: str, resource: str) -> bool:
+    review = client.AuthorizationV1Api(api).create_subject_access_review({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": SA_USER, "groups": list(SA_GROUPS),
+                 "resourceAttributes": {"verb": verb, "group": group, "resource": resource}},
+    })
+    return bool(review.status.allowed)
+
+
+def test_the_api_server_enforces_that_role(applied: client.ApiClient) -> None:
+    for spec in KINDS.values():
+        group, resource = group_and_resource(spec.path)
+        for verb in ("list", "watch", "get"):
+            assert access(applied, verb, group, resource), (verb, resource)
+        for verb in ("create", "update", "delete", "patch"):
+            assert not access(applied, verb, group, resource), (verb, resource)
+    assert not access(applied, "list", "", "secrets")
+    assert not access(applied, "list", "", "configmaps")
+
+
+def test_the_deployment_passes_server_side_validation(applied: client.ApiClient) -> None:
+    (deployment,) = manifests("deployment.yaml")
+    created = client.AppsV1Api(applied).create_namespaced_deployment(
+        "meshbridge", deployment, dry_run="All")
+    container = created.spec.template.spec.containers[0]
+    assert container.args[:3] == ["serve", "--source", "kube"]
+    assert {p.container_port for p in container.ports} == {8086, 9996}
+    assert container.readiness_probe.http_get.path == "/ready"
+    assert container.liveness_probe.http_get.path == "/live"
+    assert created.spec.template.spec.service_account_name == "meshbridge"
+    assert created.spec.replicas == 2
+
+
+async def test_the_kube_source_runs_as_that_service_account_without_denials(
+    applied: client.ApiClient, kube_apiserver: KubeAPIServer
+) -> None:
+    kubeconfig = kube_apiserver.token_kubeconfig_for(SA_USER, SA_GROUPS)
+    source = KubeSource(kubeconfig=str(kubeconfig))
+    synced = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(source.run(Cluster(), synced))
+        try:
+            await asyncio.wait_for(synced.wait(), 30)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert not [e for e in logs if e.get("event", "").startswith("access denied")]
+    # The CRDs are not installed: reported as missing (404), which means RBAC let us ask.
+    missing = {e["kind"] for e in logs if e.get("event", "").startswith("CRD not installed")}
+    assert missing == {"Server", "ServiceProfile"}
+
+
+async def test_a_denied_kind_is_reported_and_the_others_keep_working(
+    applied: client.ApiClient, kube_apiserver: KubeAPIServer
+) -> None:
+    rbac = client.RbacAuthorizationV1Api(applied)
+    name = f"partial-{int(time.time() * 1000)}"
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": [
+        {"apiGroups": [""], "resources": ["services", "pods", "nodes"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+         "verbs": ["get", "list", "watch"]}]})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "User", "name": name, "apiGroup": "rbac.authorization.k8s.io"}]})
+    source = KubeSource(kubeconfig=str(kube_apiserver.token_kubeconfig_for(name)))
+    cluster = Cluster()
+    synced = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(source.run(cluster, synced))
+        try:
+            await asyncio.wait_for(synced.wait(), 30)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    denied = {e["kind"] for e in logs if e.get("event", "").startswith("access denied")}
+    assert denied == {"ReplicaSet", "Server", "ServiceProfile"}
+    assert cluster.services  # the kinds it may read were listed
+    assert not source.stale
