@@ -52,14 +52,15 @@ class App:
         layers: Sequence[ProtocolLayer] = (),
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
+        from bridge.metrics import ViewMetrics
         from bridge.views import ViewRegistry
 
         self.config = config or MeshConfig()
         self.options = options or ServeOptions()
         self.source = source
         self.cluster = Cluster()
-        self.views = ViewRegistry(self.cluster, self.config)
         self.metrics = registry or prometheus_client.CollectorRegistry()
+        self.views = ViewRegistry(self.cluster, self.config, ViewMetrics(self.metrics))
         if registry is None:
             prometheus_client.ProcessCollector(registry=self.metrics)
             prometheus_client.PlatformCollector(registry=self.metrics)

@@ -14,9 +14,8 @@ queues. Subscribers must never block: they are called on the event loop.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -30,6 +29,7 @@ from bridge.enrich import (
     enrich_address_endpoint,
     enrich_pod_endpoint,
 )
+from bridge.metrics import ViewMetrics
 from bridge.model import (
     BASE_WEIGHT,
     Endpoint,
@@ -113,6 +113,9 @@ class View:
         self.cache = {}
         change = ViewChange(self.version, previous, self.snapshot, added, removed,
                             exists_changed)
+        metrics = self._publisher.registry.metrics
+        if metrics is not None:
+            metrics.published(self)
         for sub in list(self.subscribers):
             sub.on_view_change(self, change)
 
@@ -140,9 +143,12 @@ EMPTY_ENDPOINTS: Mapping[EndpointId, Endpoint] = MappingProxyType({})
 class ViewRegistry:
     """Owns every View; recomputes the ports of each service a cluster change touches."""
 
-    def __init__(self, cluster: Cluster, config: MeshConfig) -> None:
+    def __init__(
+        self, cluster: Cluster, config: MeshConfig, metrics: ViewMetrics | None = None
+    ) -> None:
         self.cluster = cluster
         self.config = config
+        self.metrics = metrics
         self.ports: dict[tuple[ServiceKey, int], PortPublisher] = {}
         self._ports_by_service: dict[ServiceKey, set[int]] = {}
         cluster.add_listener(self._on_cluster_change)
@@ -158,6 +164,8 @@ class ViewRegistry:
         view = self.view(key, create=True)
         assert view is not None
         view.subscribers[subscriber] = protocol
+        if self.metrics is not None:
+            self.metrics.subscribed(view)
         return view
 
     def unsubscribe(self, key: ViewKey, subscriber: ViewSubscriber) -> None:
@@ -168,7 +176,11 @@ class ViewRegistry:
         if view is None:
             return
         view.subscribers.pop(subscriber, None)
+        if self.metrics is not None:
+            self.metrics.subscribed(view)
         if not view.subscribers:
+            if self.metrics is not None:
+                self.metrics.dropped(view)
             del pub.views[key.filter]
             if not pub.views:
                 del self.ports[(key.service, key.port)]
@@ -354,20 +366,3 @@ def _endpoint(
     )
 
 
-def is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-__all__ = [
-    "InvalidService",
-    "PortPublisher",
-    "View",
-    "ViewChange",
-    "ViewRegistry",
-    "ViewSubscriber",
-    "replace",
-]

@@ -317,3 +317,37 @@ def test_address_endpoints_without_a_pod_are_named_after_the_address() -> None:
     assert r.endpoint.identity == "gw.id"
     assert r.endpoint.authority_override == "web.app.svc.east:80"
     assert r.endpoint.hint is not None and r.endpoint.hint.h2
+
+
+def test_view_metrics_follow_subscribers_versions_and_size() -> None:
+    import prometheus_client
+
+    from bridge.metrics import ViewMetrics
+
+    registry = prometheus_client.CollectorRegistry()
+    cluster = Cluster()
+    reg = ViewRegistry(cluster, MeshConfig(), ViewMetrics(registry))
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    labels = {"cluster": "local", "namespace": "app", "service": "web", "port": "80",
+              "hostname": "", "nodename": "node-b"}
+    key = ViewKey(SVC, 80, FilterKey(node_name="node-b"))
+    a, b = Recorder(), Recorder()
+    reg.subscribe(key, a, "linkerd")
+    reg.subscribe(key, b, "xds-sotw")
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("endpoints_subscribers") == 2
+    assert value("endpoints_pods") == 1 and value("endpoints_exists") == 1
+    updates = value("endpoints_updates_total")
+    load(cluster, pod("web-2", "10.0.0.2"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1"),
+                                         endpoint("10.0.0.2", "web-2")]))
+    assert value("endpoints_updates_total") == (updates or 0) + 1
+    assert value("endpoints_pods") == 2
+    reg.unsubscribe(key, a)
+    assert value("endpoints_subscribers") == 1
+    reg.unsubscribe(key, b)
+    assert value("endpoints_subscribers") is None  # the series goes with the View
