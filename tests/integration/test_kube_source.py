@@ -259,3 +259,28 @@ async def test_endpoints_api_mode_watches_v1_endpoints(
     view, _ = watch(app, objs.ns)
     assert served(view) == {"10.1.0.1"}
     assert {r.id.family for r in view.snapshot.values()} == {""}
+
+
+async def test_informer_lag_and_cache_size_metrics_move(
+    objs: Objects, start_app: Callable[..., Any]
+) -> None:
+    node = objs.node("zone-a")
+    objs.pod("web-1", "10.1.0.1", node)
+    objs.service()
+    objs.put_slice("web-a", [("web-1", "10.1.0.1")])
+    app = await start_app()
+
+    def sample(name: str, labels: dict[str, str] | None = None) -> float:
+        return app.metrics.get_sample_value(name, labels or {}) or 0.0
+
+    assert sample("pod_cache_size", {"cluster": "local"}) >= 1
+    assert sample("endpointslices_cache_size", {"cluster": "local"}) >= 1
+    before = sample("endpointslices_informer_lag_seconds_count")
+    # managedFields times have one-second resolution and Linkerd observes the lag only
+    # when that time changes: let the clock reach the next second before writing again.
+    written = int(time.time())
+    await eventually(lambda: int(time.time()) > written)
+    objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
+    await eventually(lambda: sample("endpointslices_informer_lag_seconds_count") > before)
+    # The lag is measured from the write's managedFields time: seconds, not hours.
+    assert sample("endpointslices_informer_lag_seconds_sum") < 3600
