@@ -16,10 +16,13 @@ import grpc
 import prometheus_client
 import structlog
 
+from bridge import debug
 from bridge.admin import AdminServer, Request, Response
 from bridge.cluster import Cluster
+from bridge.debug import Renderer
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.sources import Source
+from bridge.streams import StreamRegistry
 
 log = structlog.get_logger("meshbridge.app")
 
@@ -77,6 +80,10 @@ class App:
         self._source_task: asyncio.Task[None] | None = None
         # Shutdown hooks the protocol layers add (e.g. end every stream cleanly).
         self.on_stop: list[Callable[[], None]] = []
+        # Every client stream, for /debug/streams; each protocol layer keeps its own.
+        self.streams = StreamRegistry()
+        # How each protocol layer encodes a View, for /debug/endpoints.
+        self.renderers: dict[str, Renderer] = {}
         self._install_admin_routes()
 
     # ------------------------------------------------------------------ lifecycle
@@ -165,6 +172,7 @@ class App:
         self.admin.route("/live", lambda _r: Response.text(200, "live"))
         self.admin.route("/ready", self._ready)
         self.admin.route("/ping", lambda _r: Response.text(200, "pong"))
+        debug.install(self)
 
     def _metrics(self, _req: Request) -> Response:
         return Response(200, prometheus_client.generate_latest(self.metrics),

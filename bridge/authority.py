@@ -1,0 +1,95 @@
+"""One name everywhere: `<svc>.<ns>.svc.<cluster-domain>[:port]`.
+
+The same string is a Linkerd `Get` path, an xDS Cluster and ClusterLoadAssignment
+name and a proxyless-gRPC Listener name. `<instance>.<svc>.<ns>.svc.<domain>` names
+one StatefulSet pod (matched against the endpoint hostname). The rules are Linkerd's
+(spec §2.1, §2.3): no short names, no default namespace, no trailing dot, the cluster
+domain must match, IP hosts are not service names.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from bridge.model import FilterKey, ServiceKey, ViewKey
+
+MAX_AUTHORITY = 253 + len(":65535")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class AuthorityError(ValueError):
+    """The authority names no service port; the message says why."""
+
+
+def split_host_port(authority: str, default_port: int | None = 80) -> tuple[str, int]:
+    """Split `host[:port]` (IPv6 hosts in brackets); the port must be 1..65535."""
+    if not authority:
+        raise AuthorityError("empty authority")
+    if len(authority) > MAX_AUTHORITY:
+        raise AuthorityError(f"authority longer than {MAX_AUTHORITY} characters")
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise AuthorityError("unclosed '[' in IPv6 host")
+        host, rest = authority[1:end], authority[end + 1:]
+        if rest and not rest.startswith(":"):
+            raise AuthorityError("unexpected text after ']'")
+        port_text = rest[1:] if rest else None
+    elif authority.count(":") > 1:
+        raise AuthorityError("too many colons (IPv6 hosts need brackets)")
+    else:
+        host, sep, port_text_ = authority.partition(":")
+        port_text = port_text_ if sep else None
+    if port_text is None:
+        if default_port is None:
+            raise AuthorityError("missing port")
+        return host, default_port
+    if not port_text.isdigit():
+        raise AuthorityError(f"invalid port {port_text!r}")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise AuthorityError(f"invalid port {port}")
+    return host, port
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_service_host(host: str, cluster_domain: str) -> tuple[ServiceKey, str]:
+    """`svc.ns.svc.<domain>` -> (service, "") ; `inst.svc.ns.svc.<domain>` -> (service, inst)."""
+    labels = host.split(".")
+    suffix = ["svc", *cluster_domain.split(".")]
+    if len(labels) <= len(suffix) or labels[-len(suffix):] != suffix:
+        raise AuthorityError(
+            f"host {host!r} is not <service>.<namespace>.svc.{cluster_domain}")
+    head = labels[: -len(suffix)]
+    if len(head) not in (2, 3):
+        raise AuthorityError(
+            f"host {host!r} is not <service>.<namespace>.svc.{cluster_domain}")
+    for label in head:
+        if not _LABEL.match(label):
+            raise AuthorityError(f"{label!r} is not a DNS label")
+    if len(head) == 2:
+        return ServiceKey(head[1], head[0]), ""
+    return ServiceKey(head[2], head[1]), head[0]
+
+
+def parse_authority(
+    authority: str, cluster_domain: str, default_port: int | None = 80
+) -> ViewKey:
+    """The View an authority names, with an unfiltered key (no subscriber node)."""
+    host, port = split_host_port(authority, default_port)
+    if is_ip(host):
+        raise AuthorityError(f"IP address {host} is not a service name")
+    service, instance = parse_service_host(host, cluster_domain)
+    return ViewKey(service, port, FilterKey(hostname=instance))
+
+
+def authority_of(key: ViewKey, cluster_domain: str) -> str:
+    return key.authority(cluster_domain)

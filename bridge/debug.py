@@ -1,0 +1,165 @@
+"""Debug pages on the admin port: views, streams, one target as each protocol says it.
+
+    /                      a small HTML page linking the rest, views and streams at a glance
+    /debug/views           every View: key, version, endpoint counts, subscribers by protocol
+    /debug/streams         every client stream: protocol, peer, client, subscriptions,
+                           last version sent, last ACK / NACK (like istiod's /debug/syncz)
+    /debug/endpoints?authority=<svc>.<ns>.svc.<domain>:<port>[&node=<node>]
+                           that target's View as each protocol layer encodes it, side by
+                           side, with any difference in the endpoint sets flagged
+
+Protocol layers add a renderer to `App.renderers`: a function from a View to
+`(endpoints, message)`, where `endpoints` maps "ip:port" to the fields that protocol
+carries (for the comparison) and `message` is the encoded message as proto-JSON.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bridge.admin import Request, Response
+from bridge.authority import AuthorityError, parse_authority
+from bridge.model import FilterKey, ViewKey
+
+if TYPE_CHECKING:
+    from bridge.app import App
+    from bridge.views import View
+
+Renderer = Callable[["View"], tuple[dict[str, dict[str, Any]], Any]]
+
+_ENDPOINTS_PARAMS = {"authority", "node"}
+
+
+def _json(status: int, body: Any) -> Response:
+    return Response(status, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode(),
+                    "application/json")
+
+
+def _no_params(req: Request) -> Response | None:
+    if req.query:
+        return Response.text(400, f"unknown query parameter {sorted(req.query)[0]!r}")
+    return None
+
+
+def views_json(app: App) -> list[dict[str, Any]]:
+    out = []
+    for view in sorted(app.views.views(), key=lambda v: (str(v.key.service), v.key.port,
+                                                          v.key.filter.node_name,
+                                                          v.key.filter.hostname)):
+        ready = sum(1 for r in view.snapshot.values() if r.endpoint.ready)
+        out.append({
+            "authority": view.key.authority(app.config.cluster_domain),
+            "namespace": view.key.service.namespace,
+            "service": view.key.service.name,
+            "port": view.key.port,
+            "filter": {"node": view.key.filter.node_name, "hostname": view.key.filter.hostname,
+                       "filtering": view.key.filter.filtering},
+            "version": view.version,
+            "exists": view.exists,
+            "endpoints": {"ready": ready, "draining": len(view.snapshot) - ready},
+            "subscribers": view.subscriber_counts(),
+        })
+    return out
+
+
+def install(app: App) -> None:
+    app.admin.route("/", lambda req: _index(app, req))
+    app.admin.route("/debug/views", lambda req: _no_params(req) or _json(200, views_json(app)))
+    app.admin.route("/debug/streams", lambda req: _no_params(req) or _json(
+        200, [s.as_json() for s in app.streams.all()]))
+    app.admin.route("/debug/endpoints", lambda req: _endpoints(app, req))
+
+
+class _Probe:
+    """A subscriber that only holds a View open while the page renders it."""
+
+    def on_view_change(self, view: View, change: Any) -> None:
+        pass
+
+
+def _endpoints(app: App, req: Request) -> Response:
+    unknown = set(req.query) - _ENDPOINTS_PARAMS
+    if unknown:
+        return Response.text(400, f"unknown query parameter {sorted(unknown)[0]!r}")
+    authority = req.query.get("authority", [""])[0]
+    if not authority:
+        return Response.text(400, "missing ?authority=<svc>.<ns>.svc.<domain>:<port>")
+    try:
+        key = parse_authority(authority, app.config.cluster_domain, default_port=None)
+    except AuthorityError as e:
+        return Response.text(400, f"bad authority {authority!r}: {e}")
+    if key.service not in app.cluster.services:
+        return Response.text(404, f"no service {key.service} in the cluster")
+    node = req.query.get("node", [""])[0]
+    key = ViewKey(key.service, key.port, FilterKey(node_name=node,
+                                                   hostname=key.filter.hostname))
+    probe = _Probe()
+    try:
+        view = app.views.subscribe(key, probe, "debug")
+    except LookupError as e:
+        return Response.text(400, str(e))
+    try:
+        rendered = {name: render(view) for name, render in sorted(app.renderers.items())}
+    finally:
+        app.views.unsubscribe(key, probe)
+    addresses = {name: set(eps) for name, (eps, _) in rendered.items()}
+    union = set().union(*addresses.values()) if addresses else set()
+    differences = {
+        addr: sorted(name for name, have in addresses.items() if addr in have)
+        for addr in sorted(union)
+        if any(addr not in have for have in addresses.values())
+    }
+    return _json(200, {
+        "authority": authority,
+        "version": view.version,
+        "protocols": {name: {"endpoints": eps, "message": msg}
+                      for name, (eps, msg) in rendered.items()},
+        "differences": differences,
+        "agree": not differences,
+    })
+
+
+def _index(app: App, req: Request) -> Response:
+    if req.path != "/":
+        return Response.text(404, "no such page")
+    if req.query:
+        return Response.text(400, f"unknown query parameter {sorted(req.query)[0]!r}")
+    domain = app.config.cluster_domain
+    rows = []
+    for key, svc in sorted(app.cluster.services.items()):
+        for sp in svc.ports:
+            authority = f"{key.name}.{key.namespace}.svc.{domain}:{sp.port}"
+            view = app.views.view(ViewKey(key, sp.port))
+            subs = view.subscriber_counts() if view is not None else {}
+            link = f"/debug/endpoints?authority={html.escape(authority)}"
+            rows.append(
+                f"<tr><td>{html.escape(str(key))}</td><td>{sp.port}</td>"
+                f"<td>{html.escape(svc.type)}</td>"
+                f"<td><a href=\"{link}\">{html.escape(authority)}</a></td>"
+                f"<td>{html.escape(json.dumps(subs, sort_keys=True))}</td></tr>")
+    streams = "".join(
+        f"<tr><td>{s.id}</td><td>{html.escape(s.protocol)}</td><td>{html.escape(s.peer)}</td>"
+        f"<td>{html.escape(s.client[:80])}</td><td>{s.messages_sent}</td></tr>"
+        for s in app.streams.all())
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>meshbridge</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:2px 10px;text-align:left}}
+tr:nth-child(even){{background:#f3f3f3}}</style></head>
+<body><h1>meshbridge</h1>
+<p>source <b>{html.escape(app.source.name)}</b> &middot;
+{len(app.cluster.services)} services &middot; {len(app.views.views())} views &middot;
+{len(app.streams)} streams &middot;
+<a href="/debug/views">/debug/views</a> &middot; <a href="/debug/streams">/debug/streams</a>
+&middot; <a href="/metrics">/metrics</a> &middot; <a href="/ready">/ready</a></p>
+<h2>Service ports</h2>
+<table id="services"><tr><th>service</th><th>port</th><th>type</th><th>authority</th>
+<th>subscribers</th></tr>{"".join(rows)}</table>
+<h2>Streams</h2>
+<table id="streams"><tr><th>id</th><th>protocol</th><th>peer</th><th>client</th>
+<th>messages</th></tr>{streams}</table>
+</body></html>
+"""
+    return Response(200, page.encode(), "text/html; charset=utf-8")

@@ -1,0 +1,107 @@
+"""Who is connected and what they were told: the source of /debug/streams.
+
+Each protocol layer registers one `StreamInfo` per client stream and keeps it current
+(cheap attribute writes on paths that already run); the admin port renders them, like
+istiod's /debug/syncz, so an operator can answer "why does this proxy see that?".
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class TypeState:
+    """Per resource type (xDS) or per target (Linkerd) delivery state."""
+
+    subscribed: tuple[str, ...] = ()
+    last_sent_version: str = ""
+    last_sent_nonce: str = ""
+    last_sent_at: float = 0.0
+    last_ack_version: str = ""
+    last_ack_at: float = 0.0
+    last_nack_error: str = ""
+    last_nack_at: float = 0.0
+
+
+@dataclass(slots=True)
+class StreamInfo:
+    protocol: str  # linkerd-get | linkerd-profile | xds-sotw | xds-delta
+    peer: str
+    client: str = ""  # xDS node id, or the Linkerd context token
+    started_at: float = field(default_factory=time.time)
+    types: dict[str, TypeState] = field(default_factory=dict)
+    messages_sent: int = 0
+    bytes_sent: int = 0
+    id: int = 0
+
+    def state(self, type_name: str) -> TypeState:
+        st = self.types.get(type_name)
+        if st is None:
+            st = self.types[type_name] = TypeState()
+        return st
+
+    def sent(self, type_name: str, version: str, nonce: str, size: int) -> None:
+        st = self.state(type_name)
+        st.last_sent_version, st.last_sent_nonce, st.last_sent_at = version, nonce, time.time()
+        self.messages_sent += 1
+        self.bytes_sent += size
+
+    def acked(self, type_name: str, version: str) -> None:
+        st = self.state(type_name)
+        st.last_ack_version, st.last_ack_at = version, time.time()
+
+    def nacked(self, type_name: str, error: str) -> None:
+        st = self.state(type_name)
+        st.last_nack_error, st.last_nack_at = error, time.time()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "protocol": self.protocol,
+            "peer": self.peer,
+            "client": self.client,
+            "started_at": self.started_at,
+            "messages_sent": self.messages_sent,
+            "bytes_sent": self.bytes_sent,
+            "types": {
+                name: {
+                    "subscribed": list(st.subscribed),
+                    "last_sent": {"version": st.last_sent_version, "nonce": st.last_sent_nonce,
+                                  "at": st.last_sent_at or None},
+                    "last_ack": {"version": st.last_ack_version, "at": st.last_ack_at or None},
+                    "last_nack": ({"error": st.last_nack_error, "at": st.last_nack_at}
+                                  if st.last_nack_at else None),
+                }
+                for name, st in sorted(self.types.items())
+            },
+        }
+
+
+class StreamRegistry:
+    def __init__(self) -> None:
+        self._streams: dict[int, StreamInfo] = {}
+        self._ids = itertools.count(1)
+
+    def add(self, info: StreamInfo) -> StreamInfo:
+        info.id = next(self._ids)
+        self._streams[info.id] = info
+        return info
+
+    def remove(self, info: StreamInfo) -> None:
+        self._streams.pop(info.id, None)
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def all(self) -> list[StreamInfo]:
+        return list(self._streams.values())
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self._streams.values():
+            out[s.protocol] = out.get(s.protocol, 0) + 1
+        return out

@@ -1,0 +1,79 @@
+"""The admin port's debug pages, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bridge.app import App
+from bridge.model import FilterKey, ServiceKey, ViewKey
+from bridge.views import View, ViewChange
+
+
+class Sink:
+    def on_view_change(self, view: View, change: ViewChange) -> None:
+        pass
+
+
+def fetch(app: App, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}{path}", timeout=3) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+async def get(app: App, path: str) -> tuple[int, str]:
+    return await asyncio.to_thread(fetch, app, path)
+
+
+async def test_debug_views_lists_each_view_with_its_subscribers(
+    make_app: Any, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir)
+    key = ViewKey(ServiceKey("shop", "catalog"), 80, FilterKey(node_name="node-a"))
+    app.views.subscribe(key, Sink(), "linkerd")
+    status, body = await get(app, "/debug/views")
+    assert status == 200
+    (entry,) = [v for v in json.loads(body) if v["service"] == "catalog"]
+    assert entry["authority"] == "catalog.shop.svc.cluster.local:80"
+    assert entry["filter"]["node"] == "node-a"
+    assert entry["endpoints"] == {"ready": 2, "draining": 0}  # hinted for zone-a
+    assert entry["subscribers"] == {"linkerd": 1}
+
+
+async def test_debug_pages_reject_bad_requests_with_one_line(
+    make_app: Any, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir)
+    cases = {
+        "/debug/views?x=1": 400,
+        "/debug/streams?verbose=1": 400,
+        "/debug/endpoints": 400,
+        "/debug/endpoints?authority=web": 400,
+        "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80&bogus=1": 400,
+        "/debug/endpoints?authority=nope.emojivoto.svc.cluster.local:80": 404,
+        "/debug/nothing": 404,
+    }
+    for path, expected in cases.items():
+        status, body = await get(app, path)
+        assert status == expected, path
+        assert body.count("\n") == 1 and "Traceback" not in body, body
+
+
+async def test_debug_endpoints_shows_the_target_and_an_index_page_links_services(
+    make_app: Any, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir)
+    status, body = await get(app, "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80")
+    assert status == 200
+    doc = json.loads(body)
+    assert doc["agree"] is True and doc["version"] >= 1
+    assert set(doc["protocols"]) == set(app.renderers)
+    status, page = await get(app, "/")
+    assert status == 200
+    assert "catalog.shop.svc.cluster.local:80" in page and "<table id=\"services\">" in page
