@@ -1,0 +1,31 @@
+"""The four xDS resource types meshbridge serves, and the rules that differ by type."""
+
+from __future__ import annotations
+
+from typing import Final
+
+CLUSTER: Final = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ENDPOINT: Final = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LISTENER: Final = "type.googleapis.com/envoy.config.listener.v3.Listener"
+ROUTE: Final = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+
+# xDS §1.9 (make before break): on one ADS stream, responses go out CDS, then EDS,
+# then LDS, then RDS, so nothing refers to a resource the client does not have yet.
+ORDER: Final = (CLUSTER, ENDPOINT, LISTENER, ROUTE)
+
+# xDS §1.6: in SotW every CDS and LDS response carries the whole subscribed set (a
+# missing one is deleted); EDS and RDS responses carry only what changed.
+FULL_STATE: Final = frozenset({CLUSTER, LISTENER})
+
+# xDS §1.5: only LDS and CDS have wildcard subscriptions.
+WILDCARD_CAPABLE: Final = frozenset({CLUSTER, LISTENER})
+
+SHORT: Final = {CLUSTER: "cds", ENDPOINT: "eds", LISTENER: "lds", ROUTE: "rds"}
+BY_SHORT: Final = {v: k for k, v in SHORT.items()}
+
+WILDCARD: Final = "*"
+
+
+def short_name(type_url: str) -> str:
+    """`eds` for the EDS type URL; anything else is shown as its message name."""
+    return SHORT.get(type_url) or type_url.rsplit("/", 1)[-1] or "unknown"

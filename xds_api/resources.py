@@ -1,0 +1,292 @@
+"""Pure converters from the core's values to xDS resources (xDS §3.4, §4.3, §5.3).
+
+Nothing here knows about streams or subscribers. A ClusterLoadAssignment is built
+from a View's snapshot; a Cluster from a Service port; the proxyless Listener and
+RouteConfiguration from the name alone. Each comes out as an `EncodedResource`: its
+serialized bytes, wrapped once in `Any`, with a content hash as its version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import (
+    base_pb2,
+    config_source_pb2,
+    health_check_pb2,
+    protocol_pb2,
+)
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.config.listener.v3 import api_listener_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from google.protobuf import any_pb2, duration_pb2
+
+from bridge.model import BASE_WEIGHT, EndpointId, ResolvedEndpoint, ViewKey
+from bridge.objects import ServicePort
+from xds_api import resource_types as rt
+from xds_api import wire
+
+METADATA_NAMESPACE = "io.linkerd.destination"
+UINT32_MAX = 0xFFFFFFFF
+
+_ANY_TYPE_URL = wire.field_number(any_pb2.Any.DESCRIPTOR, "type_url")
+_ANY_VALUE = wire.field_number(any_pb2.Any.DESCRIPTOR, "value")
+_CLA_NAME = wire.field_number(endpoint_pb2.ClusterLoadAssignment.DESCRIPTOR, "cluster_name")
+_CLA_ENDPOINTS = wire.field_number(endpoint_pb2.ClusterLoadAssignment.DESCRIPTOR, "endpoints")
+_LOC = endpoint_components_pb2.LocalityLbEndpoints.DESCRIPTOR
+_LOC_LOCALITY = wire.field_number(_LOC, "locality")
+_LOC_ENDPOINTS = wire.field_number(_LOC, "lb_endpoints")
+_LOC_WEIGHT = wire.field_number(_LOC, "load_balancing_weight")
+
+HEALTHY: int = health_check_pb2.HealthStatus.HEALTHY
+DRAINING: int = health_check_pb2.HealthStatus.DRAINING
+
+# App protocols (Service port `appProtocol`, or the port name, Istio-style
+# `<protocol>[-<suffix>]`) that mean the upstream speaks HTTP/2.
+_H2_PROTOCOLS = frozenset({"grpc", "h2", "h2c", "http2", "kubernetes.io/h2c"})
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedResource:
+    """One resource as every stream sends it: encoded once, shared by all."""
+
+    name: str
+    version: str  # content hash: the delta per-resource version (xDS §2)
+    any_bytes: bytes  # the resource wrapped in google.protobuf.Any, serialized
+
+
+def encode_resource(type_url: str, name: str, body: bytes) -> EncodedResource:
+    any_bytes = (wire.string_field(_ANY_TYPE_URL, type_url)
+                 + wire.length_delimited(_ANY_VALUE, body))
+    version = hashlib.sha256(body).hexdigest()[:24]
+    return EncodedResource(name, version, any_bytes)
+
+
+def serialize(message: object) -> bytes:
+    data: bytes = message.SerializeToString(deterministic=True)  # type: ignore[attr-defined]
+    return data
+
+
+# ---------------------------------------------------------------------- endpoints
+
+
+def health_status(resolved: ResolvedEndpoint, draining: bool) -> int | None:
+    """EndpointSlice conditions -> Envoy health (xDS §5.3), or None to leave it out.
+
+    Ready endpoints are HEALTHY. Terminating endpoints that still serve are DRAINING
+    only when asked for: Envoy would count them in its panic threshold and gRPC keeps
+    them only for session affinity. Anything else the View keeps is left out.
+    """
+    ep = resolved.endpoint
+    if ep.ready:
+        return HEALTHY
+    if draining and ep.serving and ep.terminating:
+        return DRAINING
+    return None
+
+
+def lb_weight(resolved: ResolvedEndpoint) -> int:
+    """The core's weights are multiples of BASE_WEIGHT; xDS wants small positive ones
+    (gRPC NACKs 0, and a locality's sum must fit in uint32)."""
+    return max(1, round(resolved.weight / BASE_WEIGHT))
+
+
+def _metadata_fields(resolved: ResolvedEndpoint) -> dict[str, object]:
+    """The Linkerd enrichment, carried as endpoint metadata for whoever wants it."""
+    ep = resolved.endpoint
+    fields: dict[str, object] = {"zone_locality": resolved.zone_locality,
+                                 "weight": resolved.weight}
+    optional: dict[str, object] = {
+        "identity": ep.identity, "server_name": ep.server_name, "zone": ep.zone or "",
+        "pod": ep.pod_name, "hostname": ep.hostname, "node": ep.node_name,
+        "authority_override": ep.authority_override,
+    }
+    fields.update((k, v) for k, v in optional.items() if v)
+    if ep.hint is not None:
+        fields["protocol_hint"] = "opaque" if ep.hint.opaque else "h2" if ep.hint.h2 else ""
+        if ep.hint.opaque_transport_port is not None:
+            fields["opaque_transport_port"] = ep.hint.opaque_transport_port
+    if ep.metric_labels:
+        fields["labels"] = dict(ep.metric_labels)
+    return fields
+
+
+def encode_lb_endpoint(resolved: ResolvedEndpoint, health: int) -> bytes:
+    ep = resolved.endpoint
+    msg = endpoint_components_pb2.LbEndpoint(health_status=health)
+    msg.endpoint.address.socket_address.address = ep.ip
+    msg.endpoint.address.socket_address.port_value = ep.port
+    if ep.hostname:
+        msg.endpoint.hostname = ep.hostname
+    msg.load_balancing_weight.value = lb_weight(resolved)
+    msg.metadata.filter_metadata[METADATA_NAMESPACE].update(_metadata_fields(resolved))
+    return serialize(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedEndpoint:
+    """One endpoint's LbEndpoint bytes and what the CLA needs to place it."""
+
+    source: ResolvedEndpoint  # reused for the next version while this is unchanged
+    locality: tuple[str, str]  # (region, zone)
+    sort_key: tuple[int, int, int]  # (ip version, ip, port): deterministic order
+    ready: bool
+    weight: int
+    data: bytes
+
+
+EndpointMemo = Mapping[EndpointId, EncodedEndpoint]
+
+
+def encode_endpoint(resolved: ResolvedEndpoint, draining: bool) -> EncodedEndpoint | None:
+    health = health_status(resolved, draining)
+    if health is None:
+        return None
+    ep = resolved.endpoint
+    ip = ipaddress.ip_address(ep.ip)
+    return EncodedEndpoint(resolved, (ep.region, ep.zone or ""),
+                           (ip.version, int(ip), ep.port), ep.ready, lb_weight(resolved),
+                           encode_lb_endpoint(resolved, health))
+
+
+def encode_cla(
+    name: str,
+    endpoints: Iterable[ResolvedEndpoint],
+    draining: bool,
+    previous: EndpointMemo | None = None,
+) -> tuple[bytes, dict[EndpointId, EncodedEndpoint]]:
+    """A ClusterLoadAssignment's bytes, plus the per-endpoint encodings to reuse next time.
+
+    One LocalityLbEndpoints per (region, zone), sorted, each with its weight set (gRPC
+    skips a locality without one, xDS §3.4); endpoints deduplicated by address (gRPC
+    NACKs a CLA with a duplicate, §3.7) and sorted by address, so identical inputs give
+    identical bytes and so identical versions. An endpoint unchanged since `previous`
+    is not encoded again: a one-endpoint change costs one endpoint's encoding.
+    """
+    memo: dict[EndpointId, EncodedEndpoint] = {}
+    for resolved in endpoints:
+        old = previous.get(resolved.id) if previous else None
+        enc = old if old is not None and old.source == resolved else encode_endpoint(
+            resolved, draining)
+        if enc is not None:
+            memo[resolved.id] = enc
+    by_address: dict[tuple[int, int, int], EncodedEndpoint] = {}
+    for eid in sorted(memo):
+        enc = memo[eid]
+        kept = by_address.get(enc.sort_key)
+        if kept is None or (enc.ready and not kept.ready):
+            by_address[enc.sort_key] = enc
+    localities: dict[tuple[str, str], list[EncodedEndpoint]] = {}
+    for key in sorted(by_address):
+        enc = by_address[key]
+        localities.setdefault(enc.locality, []).append(enc)
+    parts = [wire.string_field(_CLA_NAME, name)]
+    for (region, zone) in sorted(localities):
+        members = localities[(region, zone)]
+        locality = serialize(base_pb2.Locality(region=region, zone=zone))
+        body = [wire.length_delimited(_LOC_LOCALITY, locality)]
+        body.extend(wire.length_delimited(_LOC_ENDPOINTS, m.data) for m in members)
+        weight = min(UINT32_MAX, sum(m.weight for m in members))
+        body.append(wire.length_delimited(_LOC_WEIGHT, wire.uint_field(1, weight)))
+        parts.append(wire.length_delimited(_CLA_ENDPOINTS, b"".join(body)))
+    return b"".join(parts), memo
+
+
+# ---------------------------------------------------------------------- clusters
+
+
+def is_http2(port: ServicePort) -> bool:
+    if port.app_protocol.lower() in _H2_PROTOCOLS:
+        return True
+    prefix = port.name.lower().split("-", 1)[0]
+    return prefix in _H2_PROTOCOLS
+
+
+def _ads() -> config_source_pb2.ConfigSource:
+    return config_source_pb2.ConfigSource(
+        ads=config_source_pb2.AggregatedConfigSource(),
+        resource_api_version=config_source_pb2.ApiVersion.V3,
+    )
+
+
+def build_cluster(name: str, key: ViewKey, port: ServicePort) -> cluster_pb2.Cluster:
+    """An EDS cluster fed over ADS; what both Envoy and gRPC accept (xDS §3.4, §4.3).
+
+    No service_name: the CLA's cluster_name is the cluster name, one name everywhere.
+    No health checks: meshbridge never makes a client probe an endpoint.
+    """
+    cluster = cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.DiscoveryType.EDS,
+        lb_policy=cluster_pb2.Cluster.LbPolicy.ROUND_ROBIN,
+        connect_timeout=duration_pb2.Duration(seconds=5),
+    )
+    cluster.eds_cluster_config.eds_config.CopyFrom(_ads())
+    meta = {"namespace": key.service.namespace, "service": key.service.name,
+            "port": key.port}
+    if port.name:
+        meta["port_name"] = port.name
+    if port.app_protocol:
+        meta["app_protocol"] = port.app_protocol
+    cluster.metadata.filter_metadata[METADATA_NAMESPACE].update(meta)
+    if is_http2(port):
+        options = http_protocol_options_pb2.HttpProtocolOptions()
+        options.explicit_http_config.http2_protocol_options.CopyFrom(
+            protocol_pb2.Http2ProtocolOptions())
+        cluster.typed_extension_protocol_options[
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Pack(options)
+    return cluster
+
+
+# ---------------------------------------------------------------------- proxyless
+
+
+def build_listener(name: str) -> listener_pb2.Listener:
+    """The client-side Listener a gRPC channel to `xds:///<name>` asks for (xDS §3.4):
+    an api_listener HttpConnectionManager, routes over RDS (ADS), router filter last."""
+    manager = hcm_pb2.HttpConnectionManager(
+        stat_prefix=name,
+        rds=hcm_pb2.Rds(config_source=_ads(), route_config_name=name),
+    )
+    router = manager.http_filters.add(name="envoy.filters.http.router")
+    router.typed_config.Pack(router_pb2.Router())
+    listener = listener_pb2.Listener(name=name, api_listener=api_listener_pb2.ApiListener())
+    listener.api_listener.api_listener.Pack(manager)
+    return listener
+
+
+def build_route(name: str) -> route_pb2.RouteConfiguration:
+    """Every request on the name's channel goes to the cluster of the same name. The
+    listener exists for this one authority, so its one virtual host matches all."""
+    return route_pb2.RouteConfiguration(
+        name=name,
+        virtual_hosts=[route_components_pb2.VirtualHost(
+            name=name,
+            domains=["*"],
+            routes=[route_components_pb2.Route(
+                match=route_components_pb2.RouteMatch(prefix=""),
+                route=route_components_pb2.RouteAction(cluster=name),
+            )],
+        )],
+    )
+
+
+def encode_named(type_url: str, name: str, message: object) -> EncodedResource:
+    return encode_resource(type_url, name, serialize(message))
+
+
+def encode_cla_resource(
+    name: str, endpoints: Iterable[ResolvedEndpoint], draining: bool,
+    previous: EndpointMemo | None = None,
+) -> tuple[EncodedResource, dict[EndpointId, EncodedEndpoint]]:
+    body, memo = encode_cla(name, endpoints, draining, previous)
+    return encode_resource(rt.ENDPOINT, name, body), memo

@@ -1,0 +1,276 @@
+"""The xDS gRPC services on the shared port: ADS (SotW and delta) and EDS alone.
+
+This is the only module that knows gRPC. It reads requests, hands them to the stream
+state machines (`stream.py`), writes what they say is due, and maps their errors to
+statuses. Requests and responses travel as bytes: requests are decoded here so that
+one that does not decode gets a clear INVALID_ARGUMENT, and responses are assembled
+by the streams from resources encoded once for everyone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import weakref
+from functools import partial
+from typing import Any
+
+import grpc
+import structlog
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf.message import DecodeError
+
+from bridge.admin import Request, Response
+from bridge.app import App
+from xds_api import resource_types as rt
+from xds_api.cache import ResourceCache
+from xds_api.metrics import XdsMetrics
+from xds_api.stream import (
+    DEFAULT_MAX_NAMES,
+    BadRequest,
+    DeltaStream,
+    SotwStream,
+    StreamError,
+    TooManyNames,
+    XdsStream,
+)
+
+log = structlog.get_logger("meshbridge.xds")
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
+DEFAULT_WRITE_TIMEOUT = 30.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("xDS")
+    group.add_argument("--xds-draining", action="store_true",
+                       help="send terminating endpoints that still serve as DRAINING "
+                            "(default: leave them out)")
+    group.add_argument("--xds-max-resource-names", type=int, default=DEFAULT_MAX_NAMES,
+                       help="most resource names one stream may subscribe to per type")
+    group.add_argument("--xds-write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT,
+                       help="seconds a response may wait for a client that does not read "
+                            "before its stream is cut off")
+
+
+def register(app: App, server: grpc.aio.Server) -> None:
+    service = XdsService(app)
+    server.add_generic_rpc_handlers(service.handlers())
+    app.on_stop.append(service.stop)
+    app.admin.route("/debug/xds", service.debug_page)
+    SERVICES[app] = service
+
+
+# The xDS service of each running App, for tests, benchmarks and debug pages.
+SERVICES: weakref.WeakKeyDictionary[App, XdsService] = weakref.WeakKeyDictionary()
+
+
+def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
+    """The one place a protocol error becomes a gRPC status."""
+    if isinstance(error, TooManyNames):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+    if isinstance(error, BadRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    return grpc.StatusCode.INTERNAL, str(error)
+
+
+class XdsService:
+    def __init__(self, app: App) -> None:
+        extra = app.options.extra
+        self.metrics = XdsMetrics(app.metrics)
+        self.cache = ResourceCache(app.cluster, app.views, app.config.cluster_domain,
+                                   draining=bool(extra.get("xds_draining", False)),
+                                   metrics=self.metrics)
+        self.max_names = int(str(extra.get("xds_max_resource_names") or DEFAULT_MAX_NAMES))
+        self.write_timeout = float(str(extra.get("xds_write_timeout")
+                                       or DEFAULT_WRITE_TIMEOUT))
+        self.runners: set[StreamRunner] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
+        # grpc.aio runs a handler with the reader/writer API only if it is a coroutine
+        # function; `partial` keeps that visible to it.
+        def stream(cls: type[SotwStream] | type[DeltaStream], ads: bool) -> Any:
+            return grpc.stream_stream_rpc_method_handler(partial(self._run, cls, ads))
+
+        return (
+            grpc.method_handlers_generic_handler(ADS_SERVICE, {
+                "StreamAggregatedResources": stream(SotwStream, True),
+                "DeltaAggregatedResources": stream(DeltaStream, True),
+            }),
+            grpc.method_handlers_generic_handler(EDS_SERVICE, {
+                "StreamEndpoints": stream(SotwStream, False),
+                "DeltaEndpoints": stream(DeltaStream, False),
+                "FetchEndpoints": grpc.unary_unary_rpc_method_handler(self._fetch_endpoints),
+            }),
+        )
+
+    async def _run(self, stream_cls: type[SotwStream] | type[DeltaStream], ads: bool,
+                   _requests: object, context: grpc.aio.ServicerContext) -> None:
+        self._ensure_sweeper()
+        runner = StreamRunner(self, stream_cls, ads, context)
+        self.runners.add(runner)
+        gauge = self.metrics.streams[stream_cls.api]
+        gauge.inc()
+        try:
+            await runner.run(context)
+        finally:
+            gauge.dec()
+            self.runners.discard(runner)
+
+    async def _fetch_endpoints(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        stream = SotwStream(self.cache, ads=False, metrics=self.metrics,
+                            max_names=self.max_names, peer=context.peer())
+        try:
+            stream.handle(decode(discovery_pb2.DiscoveryRequest, raw, self.metrics))
+            responses = stream.take_responses()
+        except StreamError as e:
+            await context.abort(*status_of(e))
+        finally:
+            stream.close()
+        if responses:
+            return responses[0]
+        empty: bytes = discovery_pb2.DiscoveryResponse(type_url=rt.ENDPOINT).SerializeToString()
+        return empty
+
+    # ------------------------------------------------------------ slow consumers
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep(), name="xds-write-sweeper")
+
+    async def _sweep(self) -> None:
+        """Cut off streams whose client has stopped reading: a response has waited
+        longer than the write timeout. Memory is bounded regardless (responses are
+        computed when written, never queued); this frees the stream for a client
+        that will reconnect and get a full snapshot."""
+        loop = asyncio.get_running_loop()
+        period = max(0.05, min(1.0, self.write_timeout / 4))
+        while True:
+            await asyncio.sleep(period)  # a polling period, not synchronisation
+            now = loop.time()
+            for runner in list(self.runners):
+                started = runner.write_started
+                if started is not None and now - started > self.write_timeout:
+                    self.metrics.write_timeouts.inc()
+                    log.warning("xds stream cut off: client not reading",
+                                node=runner.stream.node_id, peer=runner.stream.peer,
+                                waited=round(now - started, 3))
+                    runner.cut_off()
+
+    def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for runner in list(self.runners):
+            runner.end()
+        self.cache.close()
+
+    # ------------------------------------------------------------ debugging
+
+    def debug_page(self, _req: Request) -> Response:
+        body = {
+            "streams": sorted((r.stream.summary() for r in self.runners),
+                              key=lambda s: (str(s["node"]), str(s["peer"]))),
+            "clusters": len(self.cache.port_names()),
+        }
+        return Response(200, json.dumps(body, indent=1).encode(), "application/json")
+
+
+def decode(message: Any, raw: bytes, metrics: XdsMetrics) -> Any:
+    try:
+        return message.FromString(raw)
+    except (DecodeError, ValueError) as e:
+        metrics.bad_requests.labels("undecodable").inc()
+        raise BadRequest(f"request does not decode as {message.DESCRIPTOR.full_name}: "
+                         f"{e}") from None
+
+
+class StreamRunner:
+    """One gRPC stream: its reader (the handler itself) and its writer task."""
+
+    __slots__ = ("_cut_off", "_ending", "_message", "_scheduled", "_task", "_waiter",
+                 "service", "stream", "write_started")
+
+    def __init__(self, service: XdsService,
+                 stream_cls: type[SotwStream] | type[DeltaStream], ads: bool,
+                 context: grpc.aio.ServicerContext) -> None:
+        self.service = service
+        self.stream: XdsStream = stream_cls(
+            service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
+            max_names=service.max_names, peer=context.peer())
+        self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
+                              else discovery_pb2.DeltaDiscoveryRequest)
+        self._waiter: asyncio.Future[None] | None = None
+        self._scheduled = False
+        self._task: asyncio.Task[Any] | None = None
+        self._ending = False
+        self._cut_off = False
+        self.write_started: float | None = None
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        else:
+            self._scheduled = True
+
+    def end(self) -> None:
+        """Server shutdown: end the stream with OK so the client reconnects."""
+        self._ending = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def cut_off(self) -> None:
+        self._cut_off = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def run(self, context: grpc.aio.ServicerContext) -> None:
+        self._task = asyncio.current_task()
+        writer = asyncio.create_task(self._write_loop(context))
+        handle = self.stream.handle
+        try:
+            while True:
+                raw = await context.read()
+                if raw is grpc.aio.EOF:
+                    return
+                handle(decode(self._message, raw, self.service.metrics))
+        except StreamError as e:
+            log.info("xds stream refused", node=self.stream.node_id, peer=self.stream.peer,
+                     reason=str(e))
+            await context.abort(*status_of(e))
+        except asyncio.CancelledError:
+            if self._ending:
+                return
+            if self._cut_off:
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    "stream cut off: the client stopped reading")
+            raise
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await writer
+            self.stream.close()
+
+    async def _write_loop(self, context: grpc.aio.ServicerContext) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self._scheduled:
+                    self._waiter = loop.create_future()
+                    await self._waiter
+                    self._waiter = None
+                self._scheduled = False
+                for payload in self.stream.take_responses():
+                    self.write_started = loop.time()
+                    await context.write(payload)
+                    self.write_started = None
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the call is broken: end the reader too
+            log.debug("xds stream write failed", peer=self.stream.peer, error=repr(e))
+            if self._task is not None:
+                self._task.cancel()

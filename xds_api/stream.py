@@ -1,0 +1,411 @@
+"""The SotW and delta stream state machines: how a subscription is streamed.
+
+A stream takes decoded requests (`handle`), is told by the cache when a watched
+resource may have changed (`resource_changed`, `on_view_change`), and produces the
+encoded responses that are due (`take_responses`), in CDS, EDS, LDS, RDS order. It
+owns one `Subscription` per type and knows nothing of gRPC: `service.py` reads,
+writes and maps `StreamError`s to statuses, so these classes are unit-tested as is.
+
+Responses are computed when written, from the current state, never queued: a slow
+reader gets the latest state once it catches up, and memory per stream stays bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from bridge.views import View, ViewChange
+from xds_api import resource_types as rt
+from xds_api import wire
+from xds_api.cache import Reply, ResourceCache
+from xds_api.metrics import XdsMetrics
+from xds_api.subscription import ABSENT, NameChange, Subscription
+
+log = structlog.get_logger("meshbridge.xds")
+
+_SOTW = discovery_pb2.DiscoveryResponse.DESCRIPTOR
+_SOTW_VERSION = wire.field_number(_SOTW, "version_info")
+_SOTW_RESOURCES = wire.field_number(_SOTW, "resources")
+_SOTW_TYPE = wire.field_number(_SOTW, "type_url")
+_SOTW_NONCE = wire.field_number(_SOTW, "nonce")
+_SOTW_CONTROL_PLANE = wire.field_number(_SOTW, "control_plane")
+_DELTA = discovery_pb2.DeltaDiscoveryResponse.DESCRIPTOR
+_DELTA_VERSION = wire.field_number(_DELTA, "system_version_info")
+_DELTA_RESOURCES = wire.field_number(_DELTA, "resources")
+_DELTA_TYPE = wire.field_number(_DELTA, "type_url")
+_DELTA_NONCE = wire.field_number(_DELTA, "nonce")
+_DELTA_REMOVED = wire.field_number(_DELTA, "removed_resources")
+_DELTA_CONTROL_PLANE = wire.field_number(_DELTA, "control_plane")
+_RES = discovery_pb2.Resource.DESCRIPTOR
+_RES_VERSION = wire.field_number(_RES, "version")
+_RES_RESOURCE = wire.field_number(_RES, "resource")
+_RES_NAME = wire.field_number(_RES, "name")
+
+CONTROL_PLANE_ID = "meshbridge"
+_CONTROL_PLANE = wire.string_field(
+    wire.field_number(base_pb2.ControlPlane.DESCRIPTOR, "identifier"), CONTROL_PLANE_ID)
+DEFAULT_MAX_NAMES = 10_000
+
+
+class StreamError(Exception):
+    """The request breaks the protocol; the stream ends with a clear status."""
+
+
+class BadRequest(StreamError):
+    pass
+
+
+class TooManyNames(StreamError):
+    pass
+
+
+class XdsStream:
+    """What SotW and delta streams share: node, nonces, subscriptions, watches."""
+
+    api = ""
+    protocol = ""
+
+    def __init__(
+        self,
+        cache: ResourceCache,
+        *,
+        ads: bool = True,
+        wake: Callable[[], None] | None = None,
+        metrics: XdsMetrics | None = None,
+        max_names: int = DEFAULT_MAX_NAMES,
+        peer: str = "",
+    ) -> None:
+        self.cache = cache
+        # ADS serves every type and needs type_url; the EDS-only service implies it.
+        self.ads = ads
+        self._wake = wake or (lambda: None)
+        self.metrics = metrics or cache.metrics
+        self.max_names = max_names
+        self.peer = peer
+        # §1.1: the node is guaranteed only on the first request; remember it.
+        self.node: base_pb2.Node | None = None
+        self.subs: dict[str, Subscription] = {}
+        self._nonce = 0
+        self._unknown: list[bytes] = []
+        self._closed = False
+
+    def handle(self, req: Any) -> None:
+        """Apply one decoded request; raises StreamError if it breaks the protocol."""
+        raise NotImplementedError
+
+    def take_responses(self) -> list[bytes]:
+        """The encoded responses due now, in CDS, EDS, LDS, RDS order."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ cache callbacks
+
+    def resource_changed(self, type_url: str, name: str) -> None:
+        sub = self.subs.get(type_url)
+        if sub is None:
+            return
+        sub.dirty.add(name)
+        self._wake()
+
+    def on_view_change(self, view: View, change: ViewChange) -> None:
+        sub = self.subs.get(rt.ENDPOINT)
+        if sub is None:
+            return
+        sub.dirty.add(view.key.authority(self.cache.cluster_domain))
+        self._wake()
+
+    # ------------------------------------------------------------ helpers
+
+    @property
+    def node_id(self) -> str:
+        return self.node.id if self.node is not None else ""
+
+    def _type_of(self, type_url: str) -> str:
+        if not type_url:
+            if self.ads:
+                # §1.1: type_url is required on ADS.
+                raise BadRequest("type_url is required on the aggregated (ADS) service")
+            return rt.ENDPOINT
+        if not self.ads and type_url != rt.ENDPOINT:
+            raise BadRequest(f"the endpoint discovery service serves only {rt.ENDPOINT}, "
+                             f"not {type_url}")
+        return type_url
+
+    def _remember_node(self, req: discovery_pb2.DiscoveryRequest
+                       | discovery_pb2.DeltaDiscoveryRequest) -> None:
+        if self.node is None and req.HasField("node"):
+            self.node = req.node
+
+    def _check_size(self, count: int, type_url: str) -> None:
+        if count > self.max_names:
+            self.metrics.bad_requests.labels("too_many_names").inc()
+            raise TooManyNames(f"{count} {rt.short_name(type_url)} resource names on one "
+                               f"stream; the limit is {self.max_names}")
+
+    def _next_nonce(self) -> str:
+        self._nonce += 1
+        return str(self._nonce)
+
+    def _subscription(self, type_url: str) -> tuple[Subscription, bool]:
+        sub = self.subs.get(type_url)
+        if sub is None:
+            sub = self.subs[type_url] = Subscription(type_url)
+            return sub, True
+        return sub, False
+
+    def _apply_watches(self, sub: Subscription, change: NameChange) -> None:
+        t = sub.type_url
+        if change.removed:
+            self.cache.unwatch(t, change.removed, self)
+        if change.added:
+            self.cache.watch(t, change.added, self)
+        if change.wildcard_added:
+            self.cache.watch_wildcard(t, self)
+        if change.wildcard_removed:
+            self.cache.unwatch_wildcard(t, self)
+
+    def _log_nack(self, sub: Subscription, nonce: str, version: str, code: int,
+                  message: str) -> None:
+        sub.nacks += 1
+        sub.last_nack = message
+        self.metrics.rejects[self.metrics.key(sub.type_url)].inc()
+        log.warning("xds NACK", api=self.api, node=self.node_id, peer=self.peer,
+                    type=rt.short_name(sub.type_url), nonce=nonce, version=version,
+                    code=code, message=message)
+
+    def _rewarm_endpoints(self, sub: Subscription, reply: Reply) -> list[str]:
+        """Clusters in a CDS reply that are new or changed for this client."""
+        return [r.name for r in reply.resources if sub.sent.get(r.name) != r.version]
+
+    def _after_cluster_reply(self, changed: Iterable[str]) -> None:
+        # §1.10 (Envoy warming): a new or updated Cluster stays warming until a CLA
+        # arrives for it, even an unchanged one, and Envoy's EDS re-request can look
+        # just like an ACK. So every such cluster's CLA is due again now, and goes
+        # out right after this CDS response (EDS follows CDS in ORDER).
+        eds = self.subs.get(rt.ENDPOINT)
+        if eds is None:
+            return
+        for name in changed:
+            if name in eds.sent:
+                del eds.sent[name]
+            eds.dirty.add(name)
+
+    def close(self) -> None:
+        """Release every watch; the stream is over."""
+        if self._closed:
+            return
+        self._closed = True
+        for sub in self.subs.values():
+            if sub.names:
+                self.cache.unwatch(sub.type_url, sub.names, self)
+            if sub.wildcard:
+                self.cache.unwatch_wildcard(sub.type_url, self)
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "api": self.api, "node": self.node_id, "peer": self.peer,
+            "types": {rt.short_name(t): {
+                "wildcard": s.wildcard, "names": len(s.names), "sent": len(s.sent),
+                "version_sent": s.version_sent, "acked_version": s.acked_version,
+                "acks": s.acks, "nacks": s.nacks, "last_nack": s.last_nack,
+            } for t, s in self.subs.items()},
+        }
+
+
+class SotwStream(XdsStream):
+    """State-of-the-world: `StreamAggregatedResources` and `StreamEndpoints` (§1)."""
+
+    api = "sotw"
+    protocol = "xds-sotw"
+
+    def handle(self, req: discovery_pb2.DiscoveryRequest) -> None:
+        t = self._type_of(req.type_url)
+        self._remember_node(req)
+        if t not in rt.SHORT:
+            self._unknown_type(t, req)
+            return
+        names = list(dict.fromkeys(req.resource_names))  # the same name twice is one
+        self._check_size(len(names), t)
+        sub, _ = self._subscription(t)
+        nack = req.HasField("error_detail")
+        if nack and sub.nonce:
+            # §1.4: error_detail marks a NACK (logged even when stale). The rejected
+            # versions stay recorded as sent, so nothing is sent again until a
+            # resource changes or a new name is asked for (Istio's ShouldRespond).
+            self._log_nack(sub, req.response_nonce, req.version_info,
+                           req.error_detail.code, req.error_detail.message)
+        if sub.nonce and req.response_nonce and req.response_nonce != sub.nonce:
+            # §1.3: a response newer than this request's nonce is on its way; the
+            # request is stale and ignored (the client's ACK of the newer one will
+            # carry its current names).
+            self.metrics.stale[t].inc()
+            return
+        if req.response_nonce and sub.nonce:
+            if not nack:
+                sub.acked_version = req.version_info
+                sub.acks += 1
+        else:
+            # §1.8(a): no nonce (or none of ours: nothing was sent for this type on
+            # this stream yet) means a first request, or a client starting the type
+            # over: it is answered in full, whatever version it says it holds.
+            sub.forget_sent()
+        change = sub.apply_sotw_names(names)
+        if not sub.names and not sub.wildcard:
+            # §1.8: an empty, non-wildcard request unsubscribes; no response.
+            sub.must_reply = False
+            sub.sent.clear()
+        if change.wildcard_added:
+            sub.dirty.add(rt.WILDCARD)
+        self._apply_watches(sub, change)
+        if sub.dirty or sub.must_reply:
+            self._wake()
+
+    def _unknown_type(self, type_url: str, req: discovery_pb2.DiscoveryRequest) -> None:
+        # Another type on ADS (SDS secrets, say): answered once, empty, so the client
+        # does not wait for a response that cannot come; its ACK is not answered.
+        self.metrics.bad_requests.labels("unknown_type").inc()
+        if req.response_nonce:
+            return
+        log.info("xds request for an unserved type", node=self.node_id, type=type_url)
+        self._unknown.append(self._frame("", (), type_url, self._next_nonce()))
+        self._wake()
+
+    def _frame(self, version: str, resources: Iterable[bytes], type_url: str,
+               nonce: str) -> bytes:
+        parts = [wire.string_field(_SOTW_VERSION, version)]
+        for any_bytes in resources:
+            parts.append(wire.length_delimited_prefix(_SOTW_RESOURCES, len(any_bytes)))
+            parts.append(any_bytes)
+        parts.append(wire.string_field(_SOTW_TYPE, type_url))
+        parts.append(wire.string_field(_SOTW_NONCE, nonce))
+        parts.append(wire.length_delimited(_SOTW_CONTROL_PLANE, _CONTROL_PLANE))
+        return b"".join(parts)
+
+    def take_responses(self) -> list[bytes]:
+        out: list[bytes] = []
+        for t in rt.ORDER:
+            sub = self.subs.get(t)
+            if sub is None or not (sub.dirty or sub.must_reply):
+                continue
+            reply = self.cache.sotw_reply(sub)
+            sub.dirty.clear()
+            sub.must_reply = False
+            if reply is None:
+                continue
+            nonce = self._next_nonce()
+            out.append(self._frame(reply.version, (r.any_bytes for r in reply.resources),
+                                   t, nonce))
+            changed = self._rewarm_endpoints(sub, reply) if t == rt.CLUSTER else ()
+            if t in rt.FULL_STATE:
+                sub.sent = {r.name: r.version for r in reply.resources}
+            else:
+                sub.sent.update((r.name, r.version) for r in reply.resources)
+            sub.nonce = nonce
+            sub.version_sent = reply.version
+            self.metrics.pushes[t].inc()
+            if changed:
+                self._after_cluster_reply(changed)
+        if self._unknown:
+            out.extend(self._unknown)
+            self._unknown.clear()
+        return out
+
+
+class DeltaStream(XdsStream):
+    """Incremental: `DeltaAggregatedResources` and `DeltaEndpoints` (§2)."""
+
+    api = "delta"
+    protocol = "xds-delta"
+
+    def handle(self, req: discovery_pb2.DeltaDiscoveryRequest) -> None:
+        t = self._type_of(req.type_url)
+        self._remember_node(req)
+        if t not in rt.SHORT:
+            self._unknown_type(t, req)
+            return
+        sub, first = self._subscription(t)
+        subscribe = list(dict.fromkeys(req.resource_names_subscribe))
+        unsubscribe = list(dict.fromkeys(req.resource_names_unsubscribe))
+        self._check_size(len(sub.names) + len(subscribe), t)
+        if req.response_nonce and req.response_nonce == sub.nonce:
+            if req.HasField("error_detail"):
+                self._log_nack(sub, req.response_nonce, "", req.error_detail.code,
+                               req.error_detail.message)
+            else:
+                sub.acked_version = sub.version_sent
+                sub.acks += 1
+        elif req.response_nonce and req.HasField("error_detail"):
+            # A NACK of an older response: still logged and counted.
+            self._log_nack(sub, req.response_nonce, "", req.error_detail.code,
+                           req.error_detail.message)
+        # §2: subscription changes are honoured whatever the nonce.
+        initial = dict(req.initial_resource_versions) if first else None
+        if initial is not None:
+            self._check_size(len(initial), t)
+        change = sub.apply_delta(subscribe, unsubscribe, initial)
+        if change.wildcard_added:
+            sub.dirty.update(self.cache.wildcard_names(t))
+        self._apply_watches(sub, change)
+        if sub.dirty or sub.must_reply:
+            self._wake()
+
+    def _unknown_type(self, type_url: str, req: discovery_pb2.DeltaDiscoveryRequest) -> None:
+        # §2 has a "does not exist" answer: every name asked for is removed.
+        self.metrics.bad_requests.labels("unknown_type").inc()
+        if req.response_nonce and not req.resource_names_subscribe:
+            return
+        log.info("xds request for an unserved type", node=self.node_id, type=type_url)
+        removed = [n for n in dict.fromkeys(req.resource_names_subscribe) if n != rt.WILDCARD]
+        self._unknown.append(self._frame("", (), removed, type_url, self._next_nonce()))
+        self._wake()
+
+    def _frame(self, version: str, resources: Iterable[tuple[str, str, bytes]],
+               removed: Iterable[str], type_url: str, nonce: str) -> bytes:
+        parts = [wire.string_field(_DELTA_VERSION, version)]
+        for name, res_version, any_bytes in resources:
+            body = (wire.string_field(_RES_VERSION, res_version)
+                    + wire.length_delimited(_RES_RESOURCE, any_bytes)
+                    + wire.string_field(_RES_NAME, name))
+            parts.append(wire.length_delimited(_DELTA_RESOURCES, body))
+        parts.append(wire.string_field(_DELTA_TYPE, type_url))
+        parts.append(wire.string_field(_DELTA_NONCE, nonce))
+        parts.extend(wire.length_delimited(_DELTA_REMOVED, n.encode()) for n in removed)
+        parts.append(wire.length_delimited(_DELTA_CONTROL_PLANE, _CONTROL_PLANE))
+        return b"".join(parts)
+
+    def take_responses(self) -> list[bytes]:
+        out: list[bytes] = []
+        for t in rt.ORDER:
+            sub = self.subs.get(t)
+            if sub is None or not (sub.dirty or sub.must_reply):
+                continue
+            reply = self.cache.delta_reply(sub)
+            sub.dirty.clear()
+            sub.must_reply = False
+            if reply is None:
+                continue
+            nonce = self._next_nonce()
+            out.append(self._frame(
+                reply.version, ((r.name, r.version, r.any_bytes) for r in reply.resources),
+                reply.removed, t, nonce))
+            changed = self._rewarm_endpoints(sub, reply) if t == rt.CLUSTER else ()
+            for r in reply.resources:
+                sub.sent[r.name] = r.version
+            for name in reply.removed:
+                if name in sub.names:
+                    sub.sent[name] = ABSENT  # told once; sent again when it appears
+                else:
+                    sub.sent.pop(name, None)
+            sub.nonce = nonce
+            sub.version_sent = reply.version
+            self.metrics.pushes[t].inc()
+            if changed:
+                self._after_cluster_reply(changed)
+        if self._unknown:
+            out.extend(self._unknown)
+            self._unknown.clear()
+        return out

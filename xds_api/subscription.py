@@ -1,0 +1,171 @@
+"""Protocol state of one (stream, type): what the client asked for, what it was sent.
+
+One small value per resource type per stream, in the shape of go-control-plane's
+`stream.Subscription`. Each field exists for a rule of ../shared/specs/xds.md, cited
+beside it; the methods apply a request's subscription change by those rules and say
+which names were added and removed, for the stream to (un)watch in the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from xds_api import resource_types as rt
+
+# A `sent` value meaning "the client was told this resource does not exist" (delta
+# `removed_resources`); no resource version is ever empty.
+ABSENT = ""
+# A `sent` value no version equals: the resource must be sent again (delta §2: a name
+# unsubscribed while `*` still covers it).
+RESEND = "\x00resend"
+
+
+@dataclass(frozen=True, slots=True)
+class NameChange:
+    added: frozenset[str]
+    removed: frozenset[str]
+    wildcard_added: bool = False
+    wildcard_removed: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Subscription:
+    type_url: str
+    # §1.5 / §2: subscribed to every resource of the type (CDS and LDS only), by `*`
+    # or by the legacy empty first request.
+    wildcard: bool = False
+    # §1.5 legacy wildcard: an empty SotW list means `*` only until the client has
+    # named something for this type on this stream; after that it means "nothing".
+    named_before: bool = False
+    # §1.5: the resources asked for by name; the server must remember them even when
+    # they do not exist yet, and send them when they appear (§1.7).
+    names: set[str] = field(default_factory=set)
+    # go-control-plane's returnedResources: name -> version the client was last sent
+    # (SotW), or holds (delta, seeded from initial_resource_versions on reconnect).
+    # A name leaving the subscription leaves this map, so asking again resends it.
+    sent: dict[str, str] = field(default_factory=dict)
+    # Names to look at on the next reply: newly requested, or changed in the cache.
+    dirty: set[str] = field(default_factory=set)
+    # §1.8(a): the first request of a type is answered even when nothing exists, so
+    # the client can finish initialising; §2: likewise the first delta wildcard.
+    must_reply: bool = False
+    # §1.3: the nonce of the last response of this type. In SotW a request that
+    # carries an older one is stale and ignored; in delta it is only used for ACKs.
+    nonce: str = ""
+    # Debugging and metrics: what was last sent, acknowledged and rejected.
+    version_sent: str = ""
+    acked_version: str = ""
+    acks: int = 0
+    nacks: int = 0
+    last_nack: str = ""
+
+    @property
+    def wildcard_capable(self) -> bool:
+        return self.type_url in rt.WILDCARD_CAPABLE
+
+    # ------------------------------------------------------------------ SotW
+
+    def apply_sotw_names(self, requested: Iterable[str]) -> NameChange:
+        """Apply a SotW request's `resource_names` (the whole desired set, §1.5)."""
+        wanted = set(requested)
+        was_wildcard = self.wildcard
+        if not wanted:
+            # §1.5: [] is `*` only if the client never named anything for this type;
+            # afterwards it unsubscribes from everything (gRPC relies on this, §3.3).
+            self.wildcard = self.wildcard_capable and not self.named_before
+        else:
+            self.named_before = True
+            self.wildcard = self.wildcard_capable and rt.WILDCARD in wanted
+            if self.wildcard_capable:
+                wanted.discard(rt.WILDCARD)
+        added = frozenset(wanted - self.names)
+        removed = frozenset(self.names - wanted)
+        self.names = wanted
+        for name in removed:
+            # §1.5: a name asked for again later must be sent again, even unchanged.
+            self.sent.pop(name, None)
+        if was_wildcard and not self.wildcard:
+            # What only `*` brought is no longer the client's concern; dropping a
+            # subscription needs no response (§1.8), so nothing may look due for it.
+            self._forget_unnamed()
+        self.dirty |= added
+        return NameChange(added, removed, self.wildcard and not was_wildcard,
+                          was_wildcard and not self.wildcard)
+
+    def _forget_unnamed(self) -> None:
+        for name in [n for n in self.sent if n not in self.names]:
+            del self.sent[name]
+
+    def forget_sent(self) -> None:
+        """A request without a nonce starts the type over (§1.8(a)): the client holds
+        nothing we know of, so everything subscribed is due again."""
+        self.sent.clear()
+        self.dirty |= self.names
+        self.must_reply = True
+
+    # ------------------------------------------------------------------ delta
+
+    def apply_delta(
+        self,
+        subscribe: Iterable[str],
+        unsubscribe: Iterable[str],
+        initial_versions: Mapping[str, str] | None = None,
+    ) -> NameChange:
+        """Apply a delta request's subscription change (§2).
+
+        `initial_versions` is given only for the first request of the type on a
+        stream: what a reconnecting client already holds.
+        """
+        subscribe = list(subscribe)
+        unsubscribe = list(unsubscribe)
+        first = initial_versions is not None
+        was_wildcard = self.wildcard
+        if first:
+            # §2 reconnect: send only what differs from what the client holds, and
+            # tell it about what it holds that no longer exists.
+            self.sent.update(initial_versions or {})
+            self.dirty.update(initial_versions or {})
+            if self.wildcard_capable and not subscribe and not unsubscribe:
+                # §2 legacy wildcard: a first request with both lists empty is `*`.
+                self.wildcard = True
+        added: set[str] = set()
+        removed: set[str] = set()
+        for name in unsubscribe:
+            if name == rt.WILDCARD and self.wildcard_capable:
+                self.wildcard = False
+                continue
+            if name not in self.names:
+                continue  # §2: unsubscribing from what is not subscribed is ignored
+            self.names.discard(name)
+            removed.add(name)
+            if self.wildcard:
+                # §2: with `*` still on, the client must be told whether the wildcard
+                # covers the name: it is sent again if so, else reported removed.
+                self.sent[name] = RESEND
+                self.dirty.add(name)
+            else:
+                self.sent.pop(name, None)
+        for name in subscribe:
+            if name == rt.WILDCARD and self.wildcard_capable:
+                self.wildcard = True
+                continue
+            if name in removed:
+                removed.discard(name)
+            elif name not in self.names:
+                added.add(name)
+            self.names.add(name)
+            self.dirty.add(name)
+            if not (first and name in (initial_versions or {})):
+                # §2: a name in resource_names_subscribe is sent even if the client
+                # seems to hold it at the current version: it may have forgotten it.
+                self.sent.pop(name, None)
+        if self.wildcard and not was_wildcard:
+            # §1.8 / §2: the first wildcard response concludes Envoy's initialisation.
+            self.must_reply = True
+        if was_wildcard and not self.wildcard:
+            # The client drops what only `*` gave it; nothing is owed for those.
+            self._forget_unnamed()
+        return NameChange(frozenset(added), frozenset(removed),
+                          self.wildcard and not was_wildcard,
+                          was_wildcard and not self.wildcard)
