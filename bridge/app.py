@@ -20,6 +20,7 @@ from bridge import debug
 from bridge.admin import AdminServer, Request, Response
 from bridge.cluster import Cluster
 from bridge.debug import Renderer
+from bridge.limits import Limits, PeerStreamLimiter
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.sources import Source
 from bridge.streams import StreamRegistry
@@ -33,6 +34,27 @@ class ServeOptions:
     admin: str = "0.0.0.0:9996"
     # Protocol-layer options travel here so that the core need not know them.
     extra: dict[str, object] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+    tls: TlsFiles | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files for the gRPC port; with `client_ca`, clients must present a cert."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        def read(path: str) -> bytes:
+            with open(path, "rb") as f:
+                return f.read()
+
+        ca = read(self.client_ca) if self.client_ca else None
+        return grpc.ssl_server_credentials(
+            [(read(self.key), read(self.cert))], root_certificates=ca,
+            require_client_auth=ca is not None)
 
 
 # A protocol layer registers its gRPC services against the running app.
@@ -90,9 +112,12 @@ class App:
 
     async def start(self, wait_synced: bool = True) -> None:
         self._source_task = asyncio.create_task(self._run_source(), name="source")
+        limits = self.options.limits
+        self.stream_limiter = PeerStreamLimiter(limits.max_streams_per_client)
         server = grpc.aio.server(
+            interceptors=[self.stream_limiter],
             options=[
-                ("grpc.max_concurrent_streams", 0x7FFFFFFF),
+                *limits.server_options(),
                 ("grpc.so_reuseport", 0),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
@@ -100,7 +125,11 @@ class App:
         )
         for layer in self.layers:
             layer(self, server)
-        self.grpc_port = server.add_insecure_port(self.options.listen)
+        if self.options.tls is not None:
+            self.grpc_port = server.add_secure_port(self.options.listen,
+                                                    self.options.tls.credentials())
+        else:
+            self.grpc_port = server.add_insecure_port(self.options.listen)
         if self.grpc_port == 0:
             raise OSError(f"cannot listen on {self.options.listen}")
         await server.start()

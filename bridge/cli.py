@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from bridge.limits import Limits
 from bridge.log import configure_logging
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
 from bridge.ports import PortSpecError, parse_port_set
@@ -104,6 +105,19 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--log-level", default="info")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="seconds to let streams end after SIGTERM")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate for the gRPC port")
+    p.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
+    p.add_argument("--client-ca", default=None,
+                   help="PEM CA bundle: require client certificates signed by it (mTLS)")
+    defaults = Limits()
+    p.add_argument("--max-streams-per-connection", type=int,
+                   default=defaults.max_streams_per_connection)
+    p.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes)
+    p.add_argument("--max-streams-per-client", type=int,
+                   default=defaults.max_streams_per_client,
+                   help="concurrent streams from one client address")
+    p.add_argument("--max-resource-names", type=int, default=defaults.max_resource_names,
+                   help="resource names in one xDS request")
     add_mesh_arguments(p)
     for module in PROTOCOL_LAYERS:
         mod = _load_optional(module)
@@ -119,7 +133,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from bridge.app import App, ServeOptions
+    from bridge.app import App, ServeOptions, TlsFiles
     from bridge.sources import SourceSpecError, make_source
 
     try:
@@ -133,8 +147,14 @@ async def _serve(args: argparse.Namespace) -> int:
         register = getattr(mod, "register", None)
         if register is not None:
             layers.append(register)
-    app = App(source, mesh_config(args), ServeOptions(args.listen, args.admin, vars(args)),
-              layers)
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
+        log.error("--tls-cert and --tls-key go together; --client-ca needs both")
+        return 2
+    tls = TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if args.tls_cert else None
+    limits = Limits(args.max_streams_per_connection, args.max_message_bytes,
+                    args.max_streams_per_client, args.max_resource_names)
+    app = App(source, mesh_config(args),
+              ServeOptions(args.listen, args.admin, vars(args), limits, tls), layers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,167 @@
+"""The shared gRPC port itself: TLS, mTLS and per-client limits, over real gRPC.
+
+A tiny echo-stream service stands in for the protocol layers here, so that what is
+tested is the port's own behaviour; the layers' tests cover their streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from bridge.app import App, ServeOptions, TlsFiles
+from bridge.limits import Limits
+from bridge.sources.files import FilesSource
+
+METHOD = "/meshbridge.test.Hold/Stream"
+
+
+def hold_layer(app: App, server: grpc.aio.Server) -> None:
+    async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        yield b"hello"
+        await asyncio.Event().wait()  # hold the stream open until cancelled
+
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "meshbridge.test.Hold", {"Stream": grpc.unary_stream_rpc_method_handler(stream)}),))
+
+
+async def start(tmp_path: Path, **options: Any) -> App:
+    (tmp_path / "m").mkdir(exist_ok=True)
+    app = App(FilesSource(tmp_path / "m"), options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
+                                                                **options),
+              layers=[hold_layer])
+    await app.start()
+    return app
+
+
+async def first_message(channel: grpc.aio.Channel) -> tuple[grpc.aio.UnaryStreamCall, bytes]:
+    call = channel.unary_stream(METHOD)(b"")
+    async for msg in call:
+        return call, msg
+    raise AssertionError(f"stream ended: {await call.code()}")
+
+
+async def test_streams_over_the_per_client_limit_are_refused_and_others_unaffected(
+    tmp_path: Path
+) -> None:
+    app = await start(tmp_path, limits=Limits(max_streams_per_client=3))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
+            held = [await first_message(ch) for _ in range(3)]
+            extra = ch.unary_stream(METHOD)(b"")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in extra:
+                    pass
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-streams-per-client" in (err.value.details() or "")
+            # The held streams are untouched; closing one makes room for a new one.
+            held[0][0].cancel()
+            deadline = asyncio.get_running_loop().time() + 5
+            while app.stream_limiter.open.get("127.0.0.1", 0) >= 3:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+            _, msg = await first_message(ch)
+            assert msg == b"hello"
+            for call, _ in held[1:]:
+                assert not call.done()
+    finally:
+        await app.stop(0.1)
+
+
+def _cert(name: str, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
+          ca: bool = False) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_name, issuer_key = issuer if issuer else (subject, key)
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_after(now + datetime.timedelta(hours=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost")]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256()), key
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, bytes]:
+    ca, ca_key = _cert("meshbridge-test-ca", None, ca=True)
+    other_ca, other_key = _cert("other-ca", None, ca=True)
+    server, server_key = _cert("localhost", (ca.subject, ca_key))
+    client, client_key = _cert("proxy", (ca.subject, ca_key))
+    rogue, rogue_key = _cert("rogue", (other_ca.subject, other_key))
+    files = {"ca": _pem(ca), "server": _pem(server), "server_key": _key_pem(server_key)}
+    for name, data in files.items():
+        (tmp_path / f"{name}.pem").write_bytes(data)
+    return {**files, "client": _pem(client), "client_key": _key_pem(client_key),
+            "rogue": _pem(rogue), "rogue_key": _key_pem(rogue_key), "other_ca": _pem(other_ca)}
+
+
+async def test_mtls_admits_a_client_with_a_cert_from_the_ca_and_refuses_others(
+    tmp_path: Path, pki: dict[str, bytes]
+) -> None:
+    tls = TlsFiles(str(tmp_path / "server.pem"), str(tmp_path / "server_key.pem"),
+                   str(tmp_path / "ca.pem"))
+    app = await start(tmp_path, tls=tls)
+    target = f"localhost:{app.grpc_port}"
+    try:
+        good = grpc.ssl_channel_credentials(pki["ca"], pki["client_key"], pki["client"])
+        async with grpc.aio.secure_channel(target, good) as ch:
+            _, msg = await first_message(ch)
+            assert msg == b"hello"
+        refused = {
+            "no client cert": grpc.ssl_channel_credentials(pki["ca"]),
+            "client cert from another CA": grpc.ssl_channel_credentials(
+                pki["ca"], pki["rogue_key"], pki["rogue"]),
+            "server not trusted": grpc.ssl_channel_credentials(
+                pki["other_ca"], pki["client_key"], pki["client"]),
+        }
+        for why, creds in refused.items():
+            async with grpc.aio.secure_channel(target, creds) as ch:
+                call = ch.unary_stream(METHOD)(b"", timeout=5)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in call:
+                        pass
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE, why
+        async with grpc.aio.insecure_channel(target) as ch:  # plaintext to a TLS port
+            call = ch.unary_stream(METHOD)(b"", timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError):
+                async for _ in call:
+                    pass
+    finally:
+        await app.stop(0.1)
+
+
+async def test_tls_without_client_ca_serves_any_client_that_trusts_the_server(
+    tmp_path: Path, pki: dict[str, bytes]
+) -> None:
+    tls = TlsFiles(str(tmp_path / "server.pem"), str(tmp_path / "server_key.pem"))
+    app = await start(tmp_path, tls=tls)
+    try:
+        creds = grpc.ssl_channel_credentials(pki["ca"])
+        async with grpc.aio.secure_channel(f"localhost:{app.grpc_port}", creds) as ch:
+            _, msg = await first_message(ch)
+            assert msg == b"hello"
+    finally:
+        await app.stop(0.1)
