@@ -29,7 +29,7 @@ envtest:
 	bash scripts/envtest.sh >/dev/null
 
 lint: install
-	$(BIN)/ruff check bridge linkerd_api xds_api tests bench
+	$(BIN)/ruff check bridge linkerd_api xds_api harness tests bench
 	$(BIN)/mypy
 
 bench: install

@@ -31,8 +31,8 @@ PLUGGABLE_COMMANDS: dict[str, tuple[str, str]] = {
     "get": ("linkerd_api.client", "print what a destination Get stream says about a target"),
     "profile": ("linkerd_api.profile_client", "print a destination GetProfile stream"),
     "xds": ("xds_api.client", "print what an xDS (ADS) subscription receives"),
-    "compare": ("bench.compare", "run a comparison scenario over both protocols"),
-    "shadow": ("bridge.shadow", "compare two control planes' answers continuously"),
+    "compare": ("harness.compare", "run a comparison scenario over both protocols"),
+    "shadow": ("harness.shadow", "compare two control planes' answers continuously"),
 }
 
 # Protocol layers that `serve` mounts on the shared gRPC port, in order.

@@ -1,0 +1,215 @@
+"""Measuring clients: they subscribe as real proxies do, decode everything they receive,
+keep their own endpoint state per target, and report each message (when it arrived,
+how many bytes, what the state became) to an observer.
+
+    LinkerdClient   one destination `Get` stream per target (as linkerd2-proxy does)
+    XdsClient       one ADS stream naming all its targets as EDS resources, SotW or
+                    delta (as Envoy and proxyless gRPC do)
+
+Both read raw bytes off the wire (no deserializer in the stub) so byte counts are
+exact, then parse them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from harness.normalize import NormalEndpoint, State, from_cla, from_weighted_addr
+from linkerd_api.proto import destination_pb2
+
+GET = "/io.linkerd.proxy.destination.Destination/Get"
+ADS_SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+ADS_DELTA = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+EDS_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One message as a client saw it."""
+
+    model: str  # linkerd | sotw | delta
+    client: int
+    at_ns: int  # time.monotonic_ns() when decoded: comparable across processes
+    size: int  # bytes of the message on the wire (protobuf payload)
+    states: tuple[tuple[str, State], ...]  # (target, state after applying) per target touched
+    kind: str = ""  # add | remove | no_endpoints | response
+
+
+Observer = Callable[[Received], None]
+
+
+@dataclass(slots=True)
+class TargetState:
+    endpoints: dict[tuple[str, int], NormalEndpoint] = field(default_factory=dict)
+    exists: bool | None = None  # from no_endpoints, when the server says
+    status: str = ""  # the stream's final status, if it ended
+
+    def state(self) -> State:
+        return frozenset(self.endpoints.values())
+
+
+class LinkerdClient:
+    """Get streams for a set of targets, one stream each."""
+
+    model = "linkerd"
+
+    def __init__(self, channel: grpc.aio.Channel, targets: Iterable[str], client_id: int = 0,
+                 token: str = "", observe: Observer | None = None) -> None:
+        self.channel = channel
+        self.targets = list(targets)
+        self.client_id = client_id
+        self.token = token
+        self.observe = observe
+        self.state: dict[str, TargetState] = {t: TargetState() for t in self.targets}
+        self.messages = 0
+        self.bytes = 0
+        self.first_message: dict[str, asyncio.Event] = {t: asyncio.Event() for t in self.targets}
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for t in self.targets:
+                tg.create_task(self._follow(t))
+
+    async def _follow(self, target: str) -> None:
+        get = self.channel.unary_stream(
+            GET, request_serializer=destination_pb2.GetDestination.SerializeToString)
+        request = destination_pb2.GetDestination(scheme="k8s", path=target,
+                                                 context_token=self.token)
+        st = self.state[target]
+        call = get(request)
+        try:
+            async for raw in call:
+                self._apply(target, st, raw)
+            st.status = (await call.code()).name
+        except grpc.aio.AioRpcError as e:
+            st.status = f"{e.code().name}: {e.details()}"
+        finally:
+            self.first_message[target].set()
+
+    def _apply(self, target: str, st: TargetState, raw: bytes) -> None:
+        update = destination_pb2.Update.FromString(raw)
+        kind = update.WhichOneof("update") or ""
+        if kind == "add":
+            for wa in update.add.addrs:
+                ep = from_weighted_addr(wa)
+                st.endpoints[(ep.address, ep.port)] = ep
+        elif kind == "remove":
+            for addr in update.remove.addrs:
+                ep = from_weighted_addr(destination_pb2.WeightedAddr(addr=addr))
+                st.endpoints.pop((ep.address, ep.port), None)
+        elif kind == "no_endpoints":
+            st.endpoints.clear()
+            st.exists = update.no_endpoints.exists
+        self.messages += 1
+        self.bytes += len(raw)
+        self.first_message[target].set()
+        if self.observe is not None:
+            self.observe(Received(self.model, self.client_id, time.monotonic_ns(), len(raw),
+                                  ((target, st.state()),), kind))
+
+
+class XdsClient:
+    """One ADS stream subscribing to every target's ClusterLoadAssignment."""
+
+    def __init__(self, channel: grpc.aio.Channel, targets: Iterable[str], client_id: int = 0,
+                 delta: bool = False, node_id: str = "", observe: Observer | None = None,
+                 zone: str = "") -> None:
+        self.channel = channel
+        self.targets = list(targets)
+        self.client_id = client_id
+        self.delta = delta
+        self.model = "delta" if delta else "sotw"
+        self.node = base_pb2.Node(id=node_id or f"meshbridge-harness-{client_id}",
+                                  cluster="harness")
+        if zone:
+            self.node.locality.zone = zone
+        self.observe = observe
+        self.state: dict[str, TargetState] = {t: TargetState() for t in self.targets}
+        self.messages = 0
+        self.bytes = 0
+        self.nacks = 0
+        self.received: set[str] = set()
+        self.all_received = asyncio.Event()
+        self.status = ""
+        self._requests: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def run(self) -> None:
+        if self.delta:
+            method = self.channel.stream_stream(ADS_DELTA)
+            first = discovery_pb2.DeltaDiscoveryRequest(
+                node=self.node, type_url=EDS_TYPE, resource_names_subscribe=self.targets)
+        else:
+            method = self.channel.stream_stream(ADS_SOTW)
+            first = discovery_pb2.DiscoveryRequest(
+                node=self.node, type_url=EDS_TYPE, resource_names=self.targets)
+        self._requests.put_nowait(first.SerializeToString())
+        call = method(self._request_iterator())
+        try:
+            async for raw in call:
+                self._apply(raw)
+            self.status = (await call.code()).name
+        except grpc.aio.AioRpcError as e:
+            self.status = f"{e.code().name}: {e.details()}"
+        finally:
+            self._requests.put_nowait(None)
+            self.all_received.set()
+
+    async def _request_iterator(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self._requests.get()
+            if item is None:
+                return
+            yield item
+
+    def _apply(self, raw: bytes) -> None:
+        touched: list[tuple[str, State]] = []
+        if self.delta:
+            resp = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
+            for res in resp.resources:
+                cla = endpoint_pb2.ClusterLoadAssignment.FromString(res.resource.value)
+                touched.append(self._set(res.name, from_cla(cla)))
+            for name in resp.removed_resources:
+                touched.append(self._set(name, frozenset()))
+            ack = discovery_pb2.DeltaDiscoveryRequest(type_url=EDS_TYPE,
+                                                      response_nonce=resp.nonce)
+        else:
+            resp = discovery_pb2.DiscoveryResponse.FromString(raw)
+            for any_ in resp.resources:
+                cla = endpoint_pb2.ClusterLoadAssignment.FromString(any_.value)
+                touched.append(self._set(cla.cluster_name, from_cla(cla)))
+            ack = discovery_pb2.DiscoveryRequest(
+                type_url=EDS_TYPE, version_info=resp.version_info, resource_names=self.targets,
+                response_nonce=resp.nonce)
+        self._requests.put_nowait(ack.SerializeToString())
+        self.messages += 1
+        self.bytes += len(raw)
+        if self.observe is not None:
+            self.observe(Received(self.model, self.client_id, time.monotonic_ns(), len(raw),
+                                  tuple(touched), "response"))
+
+    def _set(self, name: str, state: State) -> tuple[str, State]:
+        st = self.state.setdefault(name, TargetState())
+        st.endpoints = {(e.address, e.port): e for e in state}
+        self.received.add(name)
+        if self.received.issuperset(self.targets):
+            self.all_received.set()
+        return name, state
+
+    async def close(self) -> None:
+        self._requests.put_nowait(None)
+
+
+async def wait_all(events: Iterable[asyncio.Event], timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            for ev in events:
+                await ev.wait()

@@ -1,0 +1,102 @@
+"""Both protocols' answers in one form, so that differences are about endpoints.
+
+A Linkerd `WeightedAddr` and an xDS `LbEndpoint` (with meshbridge's
+`io.linkerd.destination` metadata) normalise to the same `NormalEndpoint`; a target's
+state is a frozenset of them. Used by `meshbridge compare` (is every client's state the
+truth?) and `meshbridge shadow` (do two control planes agree?).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+
+METADATA_NAMESPACE = "io.linkerd.destination"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class NormalEndpoint:
+    address: str
+    port: int
+    weight: int = 0
+    identity: str = ""
+    hint: str = ""  # opaque | h2 | ""
+    opaque_transport: int = 0
+    zone: str = ""
+    locality: str = ""
+    health: str = "HEALTHY"
+
+    @property
+    def addr(self) -> str:
+        return f"[{self.address}]:{self.port}" if ":" in self.address else \
+            f"{self.address}:{self.port}"
+
+    def differences(self, other: NormalEndpoint) -> list[str]:
+        return [f"{name}: {getattr(self, name)!r} != {getattr(other, name)!r}"
+                for name in self.__slots__ if getattr(self, name) != getattr(other, name)]
+
+
+State = frozenset[NormalEndpoint]
+
+
+def digest(state: Iterable[NormalEndpoint], fields: str = "addr") -> str:
+    """A short stable hash of a state: by address only (`addr`) or every field (`all`)."""
+    items = sorted(e.addr if fields == "addr" else repr(e) for e in state)
+    return hashlib.sha1("\n".join(items).encode()).hexdigest()[:16]
+
+
+def tcp_address(addr: Any) -> tuple[str, int]:
+    """Decode a Linkerd `net.TcpAddress`: IPv4 is a big-endian fixed32, IPv6 two fixed64."""
+    ip = addr.ip
+    if ip.HasField("ipv6"):
+        value = (ip.ipv6.first << 64) | ip.ipv6.last
+        return str(ipaddress.IPv6Address(value)), int(addr.port)
+    return str(ipaddress.IPv4Address(ip.ipv4)), int(addr.port)
+
+
+def from_weighted_addr(wa: Any) -> NormalEndpoint:
+    address, port = tcp_address(wa.addr)
+    identity = ""
+    if wa.HasField("tls_identity"):
+        tls = wa.tls_identity
+        identity = (tls.dns_like_identity.name if tls.HasField("dns_like_identity")
+                    else tls.uri_like_identity.uri)
+    hint, transport = "", 0
+    if wa.HasField("protocol_hint"):
+        ph = wa.protocol_hint
+        hint = "opaque" if ph.HasField("opaque") else "h2" if ph.HasField("h2") else ""
+        if ph.HasField("opaque_transport"):
+            transport = int(ph.opaque_transport.inbound_port)
+    labels = dict(wa.metric_labels)
+    return NormalEndpoint(address, port, int(wa.weight), identity, hint, transport,
+                          labels.get("zone", ""), labels.get("zone_locality", ""))
+
+
+def from_lb_endpoint(lb: Any) -> NormalEndpoint:
+    sa = lb.endpoint.address.socket_address
+    meta: dict[str, Any] = {}
+    fm = lb.metadata.filter_metadata
+    if METADATA_NAMESPACE in fm:
+        meta = json_format.MessageToDict(fm[METADATA_NAMESPACE])
+    health = lb.DESCRIPTOR.fields_by_name["health_status"].enum_type.values_by_number[
+        lb.health_status].name
+    return NormalEndpoint(
+        address=str(ipaddress.ip_address(sa.address)),
+        port=int(sa.port_value),
+        weight=int(meta.get("weight", lb.load_balancing_weight.value or 1)),
+        identity=str(meta.get("identity", "")),
+        hint=str(meta.get("protocol_hint", "")),
+        opaque_transport=int(meta.get("opaque_transport_port", 0)),
+        zone=str(meta.get("zone", "")),
+        locality=str(meta.get("zone_locality", "")),
+        health="HEALTHY" if health == "UNKNOWN" else health,
+    )
+
+
+def from_cla(cla: Any) -> State:
+    return frozenset(from_lb_endpoint(lb) for loc in cla.endpoints for lb in loc.lb_endpoints)
