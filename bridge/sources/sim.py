@@ -359,8 +359,11 @@ EmitHook = Callable[[int, str, float], None]  # (change index, pattern, emit tim
 
 
 class SimSource:
-    def __init__(self, scenario: Scenario, on_emit: EmitHook | None = None) -> None:
+    def __init__(self, scenario: Scenario, on_emit: EmitHook | None = None,
+                 start_churn: asyncio.Event | None = None) -> None:
         self.scenario = scenario
+        # Churn waits for this (e.g. until every measuring client holds its snapshot).
+        self.start_churn = start_churn
         self.name = f"sim:{scenario.name}"
         self.sim = SimCluster(scenario)
         self.on_emit = on_emit
@@ -378,6 +381,8 @@ class SimSource:
         if rate <= 0:
             self.finished.set()
             return
+        if self.start_churn is not None:
+            await self.start_churn.wait()
         interval = 1.0 / rate
         start = time.monotonic()
         deadline = start + self.scenario.duration if self.scenario.duration else None
