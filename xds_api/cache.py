@@ -216,6 +216,10 @@ class ResourceCache:
         if view is None:
             # Not subscribable (ExternalName) or not watched: no endpoints.
             return self._encode_cla(name, None)
+        return self.cla_of(view, name)
+
+    def cla_of(self, view: View, name: str) -> EncodedResource:
+        """The View's CLA, encoded at most once per View version for every stream."""
         res: EncodedResource = view.cached(self._cla_key, lambda: self._encode_cla(name, view))
         return res
 

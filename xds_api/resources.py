@@ -180,11 +180,10 @@ def encode_cla(
         if enc is not None:
             memo[resolved.id] = enc
     by_address: dict[tuple[int, int, int], EncodedEndpoint] = {}
-    for eid in sorted(memo):
-        enc = memo[eid]
-        kept = by_address.get(enc.sort_key)
-        if kept is None or (enc.ready and not kept.ready):
-            by_address[enc.sort_key] = enc
+    # Of two endpoints at one address, the ready one wins, then the pod (it carries
+    # the enrichment), then the first by id: the choice never depends on arrival order.
+    for eid in sorted(memo, key=lambda i: (not memo[i].ready, i.kind != "pod", i)):
+        by_address.setdefault(memo[eid].sort_key, memo[eid])
     localities: dict[tuple[str, str], list[EncodedEndpoint]] = {}
     for key in sorted(by_address):
         enc = by_address[key]
@@ -205,10 +204,10 @@ def encode_cla(
 
 
 def is_http2(port: ServicePort) -> bool:
-    if port.app_protocol.lower() in _H2_PROTOCOLS:
-        return True
-    prefix = port.name.lower().split("-", 1)[0]
-    return prefix in _H2_PROTOCOLS
+    """An explicit appProtocol decides; without one, the port name's protocol prefix."""
+    if port.app_protocol:
+        return port.app_protocol.lower() in _H2_PROTOCOLS
+    return port.name.lower().split("-", 1)[0] in _H2_PROTOCOLS
 
 
 def _ads() -> config_source_pb2.ConfigSource:

@@ -12,21 +12,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import weakref
 from functools import partial
 from typing import Any
 
 import grpc
 import structlog
+from envoy.config.core.v3 import health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError
 
-from bridge.admin import Request, Response
 from bridge.app import App
+from bridge.streams import StreamInfo
+from bridge.views import View
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.metrics import XdsMetrics
+from xds_api.resources import METADATA_NAMESPACE
 from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
@@ -49,8 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--xds-draining", action="store_true",
                        help="send terminating endpoints that still serve as DRAINING "
                             "(default: leave them out)")
-    group.add_argument("--xds-max-resource-names", type=int, default=DEFAULT_MAX_NAMES,
-                       help="most resource names one stream may subscribe to per type")
     group.add_argument("--xds-write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT,
                        help="seconds a response may wait for a client that does not read "
                             "before its stream is cut off")
@@ -60,7 +62,7 @@ def register(app: App, server: grpc.aio.Server) -> None:
     service = XdsService(app)
     server.add_generic_rpc_handlers(service.handlers())
     app.on_stop.append(service.stop)
-    app.admin.route("/debug/xds", service.debug_page)
+    app.renderers["xds"] = service.render_view
     SERVICES[app] = service
 
 
@@ -84,7 +86,9 @@ class XdsService:
         self.cache = ResourceCache(app.cluster, app.views, app.config.cluster_domain,
                                    draining=bool(extra.get("xds_draining", False)),
                                    metrics=self.metrics)
-        self.max_names = int(str(extra.get("xds_max_resource_names") or DEFAULT_MAX_NAMES))
+        self.app = app
+        # Names per xDS request: the core's --max-resource-names.
+        self.max_names = app.options.limits.max_resource_names or DEFAULT_MAX_NAMES
         self.write_timeout = float(str(extra.get("xds_write_timeout")
                                        or DEFAULT_WRITE_TIMEOUT))
         self.runners: set[StreamRunner] = set()
@@ -113,12 +117,14 @@ class XdsService:
         self._ensure_sweeper()
         runner = StreamRunner(self, stream_cls, ads, context)
         self.runners.add(runner)
+        self.app.streams.add(runner.info)
         gauge = self.metrics.streams[stream_cls.api]
         gauge.inc()
         try:
             await runner.run(context)
         finally:
             gauge.dec()
+            self.app.streams.remove(runner.info)
             self.runners.discard(runner)
 
     async def _fetch_endpoints(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -170,13 +176,30 @@ class XdsService:
 
     # ------------------------------------------------------------ debugging
 
-    def debug_page(self, _req: Request) -> Response:
-        body = {
-            "streams": sorted((r.stream.summary() for r in self.runners),
-                              key=lambda s: (str(s["node"]), str(s["peer"]))),
-            "clusters": len(self.cache.port_names()),
-        }
-        return Response(200, json.dumps(body, indent=1).encode(), "application/json")
+    def render_view(self, view: View) -> tuple[dict[str, dict[str, Any]], Any]:
+        """The View as xDS clients get it, for /debug/endpoints: the CLA's endpoints
+        keyed by "ip:port", and the CLA as proto-JSON."""
+        name = view.key.authority(self.cache.cluster_domain)
+        res = self.cache.cla_of(view, name)
+        cla = endpoint_pb2.ClusterLoadAssignment()
+        any_msg = any_pb2.Any.FromString(res.any_bytes)
+        any_msg.Unpack(cla)
+        endpoints: dict[str, dict[str, Any]] = {}
+        for loc in cla.endpoints:
+            for lb in loc.lb_endpoints:
+                sa = lb.endpoint.address.socket_address
+                addr = f"[{sa.address}]:{sa.port_value}" if ":" in sa.address else \
+                    f"{sa.address}:{sa.port_value}"
+                meta = lb.metadata.filter_metadata[METADATA_NAMESPACE]
+                endpoints[addr] = {
+                    "health": health_check_pb2.HealthStatus.Name(lb.health_status),
+                    "zone": loc.locality.zone, "region": loc.locality.region,
+                    "weight": lb.load_balancing_weight.value,
+                    "identity": meta.fields["identity"].string_value
+                    if "identity" in meta.fields else "",
+                }
+        message = json_format.MessageToDict(cla, preserving_proto_field_name=True)
+        return endpoints, {"version": res.version, "cla": message}
 
 
 def decode(message: Any, raw: bytes, metrics: XdsMetrics) -> Any:
@@ -192,15 +215,16 @@ class StreamRunner:
     """One gRPC stream: its reader (the handler itself) and its writer task."""
 
     __slots__ = ("_cut_off", "_ending", "_message", "_scheduled", "_task", "_waiter",
-                 "service", "stream", "write_started")
+                 "info", "service", "stream", "write_started")
 
     def __init__(self, service: XdsService,
                  stream_cls: type[SotwStream] | type[DeltaStream], ads: bool,
                  context: grpc.aio.ServicerContext) -> None:
         self.service = service
+        self.info = StreamInfo(stream_cls.protocol, context.peer())
         self.stream: XdsStream = stream_cls(
             service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
-            max_names=service.max_names, peer=context.peer())
+            max_names=service.max_names, peer=context.peer(), info=self.info)
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._waiter: asyncio.Future[None] | None = None

@@ -19,6 +19,7 @@ import structlog
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
+from bridge.streams import StreamInfo
 from bridge.views import View, ViewChange
 from xds_api import resource_types as rt
 from xds_api import wire
@@ -79,6 +80,7 @@ class XdsStream:
         metrics: XdsMetrics | None = None,
         max_names: int = DEFAULT_MAX_NAMES,
         peer: str = "",
+        info: StreamInfo | None = None,
     ) -> None:
         self.cache = cache
         # ADS serves every type and needs type_url; the EDS-only service implies it.
@@ -87,6 +89,8 @@ class XdsStream:
         self.metrics = metrics or cache.metrics
         self.max_names = max_names
         self.peer = peer
+        # What /debug/streams shows about this stream.
+        self.info = info
         # §1.1: the node is guaranteed only on the first request; remember it.
         self.node: base_pb2.Node | None = None
         self.subs: dict[str, Subscription] = {}
@@ -139,6 +143,8 @@ class XdsStream:
                        | discovery_pb2.DeltaDiscoveryRequest) -> None:
         if self.node is None and req.HasField("node"):
             self.node = req.node
+            if self.info is not None:
+                self.info.client = req.node.id
 
     def _check_size(self, count: int, type_url: str) -> None:
         if count > self.max_names:
@@ -159,6 +165,11 @@ class XdsStream:
 
     def _apply_watches(self, sub: Subscription, change: NameChange) -> None:
         t = sub.type_url
+        if self.info is not None and (change.added or change.removed or change.wildcard_added
+                                      or change.wildcard_removed):
+            shown = sorted(sub.names)
+            self.info.state(rt.short_name(t)).subscribed = tuple(
+                [rt.WILDCARD, *shown] if sub.wildcard else shown)
         if change.removed:
             self.cache.unwatch(t, change.removed, self)
         if change.added:
@@ -172,6 +183,8 @@ class XdsStream:
                   message: str) -> None:
         sub.nacks += 1
         sub.last_nack = message
+        if self.info is not None:
+            self.info.nacked(rt.short_name(sub.type_url), f"{code}: {message}")
         self.metrics.rejects[self.metrics.key(sub.type_url)].inc()
         log.warning("xds NACK", api=self.api, node=self.node_id, peer=self.peer,
                     type=rt.short_name(sub.type_url), nonce=nonce, version=version,
@@ -204,16 +217,6 @@ class XdsStream:
                 self.cache.unwatch(sub.type_url, sub.names, self)
             if sub.wildcard:
                 self.cache.unwatch_wildcard(sub.type_url, self)
-
-    def summary(self) -> dict[str, object]:
-        return {
-            "api": self.api, "node": self.node_id, "peer": self.peer,
-            "types": {rt.short_name(t): {
-                "wildcard": s.wildcard, "names": len(s.names), "sent": len(s.sent),
-                "version_sent": s.version_sent, "acked_version": s.acked_version,
-                "acks": s.acks, "nacks": s.nacks, "last_nack": s.last_nack,
-            } for t, s in self.subs.items()},
-        }
 
 
 class SotwStream(XdsStream):
@@ -248,6 +251,8 @@ class SotwStream(XdsStream):
             if not nack:
                 sub.acked_version = req.version_info
                 sub.acks += 1
+                if self.info is not None:
+                    self.info.acked(rt.short_name(t), req.version_info)
         else:
             # §1.8(a): no nonce (or none of ours: nothing was sent for this type on
             # this stream yet) means a first request, or a client starting the type
@@ -307,6 +312,8 @@ class SotwStream(XdsStream):
             sub.nonce = nonce
             sub.version_sent = reply.version
             self.metrics.pushes[t].inc()
+            if self.info is not None:
+                self.info.sent(rt.short_name(t), reply.version, nonce, len(out[-1]))
             if changed:
                 self._after_cluster_reply(changed)
         if self._unknown:
@@ -338,6 +345,8 @@ class DeltaStream(XdsStream):
             else:
                 sub.acked_version = sub.version_sent
                 sub.acks += 1
+                if self.info is not None:
+                    self.info.acked(rt.short_name(t), sub.version_sent)
         elif req.response_nonce and req.HasField("error_detail"):
             # A NACK of an older response: still logged and counted.
             self._log_nack(sub, req.response_nonce, "", req.error_detail.code,
@@ -403,6 +412,8 @@ class DeltaStream(XdsStream):
             sub.nonce = nonce
             sub.version_sent = reply.version
             self.metrics.pushes[t].inc()
+            if self.info is not None:
+                self.info.sent(rt.short_name(t), reply.version, nonce, len(out[-1]))
             if changed:
                 self._after_cluster_reply(changed)
         if self._unknown:
