@@ -20,8 +20,9 @@ from bridge import debug
 from bridge.admin import AdminServer, Request, Response
 from bridge.cluster import Cluster
 from bridge.debug import Renderer
-from bridge.limits import Limits, PeerStreamLimiter
+from bridge.limits import Limits
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
+from bridge.rpcguard import GrpcMetrics, RpcGuard
 from bridge.sources import Source
 from bridge.streams import StreamRegistry
 
@@ -113,9 +114,9 @@ class App:
     async def start(self, wait_synced: bool = True) -> None:
         self._source_task = asyncio.create_task(self._run_source(), name="source")
         limits = self.options.limits
-        self.stream_limiter = PeerStreamLimiter(limits.max_streams_per_client)
+        self.rpc_guard = RpcGuard(limits.max_streams_per_client, GrpcMetrics(self.metrics))
         server = grpc.aio.server(
-            interceptors=[self.stream_limiter],
+            interceptors=[self.rpc_guard],
             options=[
                 *limits.server_options(),
                 ("grpc.so_reuseport", 0),

@@ -67,7 +67,7 @@ async def test_streams_over_the_per_client_limit_are_refused_and_others_unaffect
             # The held streams are untouched; closing one makes room for a new one.
             held[0][0].cancel()
             deadline = asyncio.get_running_loop().time() + 5
-            while app.stream_limiter.open.get("127.0.0.1", 0) >= 3:
+            while app.rpc_guard.open.get("127.0.0.1", 0) >= 3:
                 assert asyncio.get_running_loop().time() < deadline
                 await asyncio.sleep(0.01)
             _, msg = await first_message(ch)
@@ -165,3 +165,31 @@ async def test_tls_without_client_ca_serves_any_client_that_trusts_the_server(
             assert msg == b"hello"
     finally:
         await app.stop(0.1)
+
+
+async def test_grpc_server_metrics_count_streams_messages_and_codes(tmp_path: Path) -> None:
+    app = await start(tmp_path, limits=Limits(max_streams_per_client=1))
+    labels = {"grpc_service": "meshbridge.test.Hold", "grpc_method": "Stream",
+              "grpc_type": "server_stream"}
+
+    def sample(name: str, **extra: str) -> float:
+        return app.metrics.get_sample_value(name, {**labels, **extra}) or 0.0
+
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
+            call, _ = await first_message(ch)
+            refused = ch.unary_stream(METHOD)(b"")
+            with pytest.raises(grpc.aio.AioRpcError):
+                async for _ in refused:
+                    pass
+            call.cancel()
+            deadline = asyncio.get_running_loop().time() + 5
+            while sample("grpc_server_handled_total", grpc_code="Canceled") < 1:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+    finally:
+        await app.stop(0.1)
+    assert sample("grpc_server_started_total") == 2
+    assert sample("grpc_server_msg_sent_total") == 1
+    assert sample("grpc_server_handled_total", grpc_code="ResourceExhausted") == 1
+    assert sample("grpc_server_handling_seconds_count") == 1
