@@ -1,0 +1,85 @@
+"""The container's entrypoint, run as the image would run it (no Docker engine here:
+the command line is read from deploy/Dockerfile and run against the test API server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.integration import kubeapi
+from tests.integration.kubeapi import KubeAPIServer
+
+kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
+
+DOCKERFILE = Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile"
+
+
+def instruction(name: str) -> list[str]:
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith(name + " "):
+            value = json.loads(line[len(name) + 1:])
+            assert isinstance(value, list), f"{name} must use the exec form"
+            return [str(v) for v in value]
+    raise AssertionError(f"no {name} in {DOCKERFILE}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_dockerfile_is_non_root_and_exposes_both_ports() -> None:
+    text = DOCKERFILE.read_text()
+    assert "USER 10001" in text
+    assert "EXPOSE 8086 9996" in text
+    assert instruction("CMD")[:3] == ["serve", "--source", "kube"]
+
+
+def test_the_entrypoint_serves_the_kube_source_until_sigterm(
+    kube_apiserver: KubeAPIServer
+) -> None:
+    # The venv's scripts sit beside its python, whether or not the venv is on PATH.
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    entrypoint = shutil.which(instruction("ENTRYPOINT")[0], path=search)
+    assert entrypoint is not None, "the meshbridge console script is installed"
+    grpc_port, admin_port = free_port(), free_port()
+    argv = [entrypoint, *instruction("CMD"), "--listen", f"127.0.0.1:{grpc_port}",
+            "--admin", f"127.0.0.1:{admin_port}"]
+    env = {**os.environ, "KUBECONFIG": str(kube_apiserver.kubeconfig_path)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 30
+        ready = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready",
+                                            timeout=1) as r:
+                    ready = r.status == 200
+            except (OSError, urllib.error.HTTPError):
+                ready = False
+            if ready:
+                break
+            time.sleep(0.05)  # polling a real process with a deadline
+        assert ready
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    events = [line["event"] for line in lines]
+    assert "initial list applied" in events and "shutting down" in events
