@@ -14,6 +14,7 @@ queues. Subscribers must never block: they are called on the event loop.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -76,6 +77,9 @@ class View:
         self.key = key
         self._publisher = publisher
         self.version = 0
+        # When the current version was published (time.monotonic()): the start of every
+        # change-to-client latency the protocol layers measure.
+        self.published_at = 0.0
         self.snapshot: Snapshot = EMPTY
         self.exists = False
         self.subscribers: dict[ViewSubscriber, str] = {}  # subscriber -> protocol label
@@ -108,6 +112,7 @@ class View:
         if not added and not removed and not exists_changed and self.version:
             return
         self.version += 1
+        self.published_at = time.monotonic()
         self.exists = exists
         self.snapshot = MappingProxyType(filtered)
         self.cache = {}
