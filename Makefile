@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint bench protos install clean envtest
+.PHONY: run test lint bench protos install clean envtest chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,13 +20,18 @@ install: $(STAMP)
 run: install
 	$(BIN)/meshbridge serve --source demo
 
-test: install envtest
+test: install envtest chromium
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
 # module proxy (about 4 minutes on a fresh 2-core machine) and cached after that.
 envtest:
 	bash scripts/envtest.sh >/dev/null
+
+# Debian's Chromium, for the admin page's browser test (as root, like CI).
+chromium:
+	command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: install
 	$(BIN)/ruff check bridge linkerd_api xds_api harness tests bench
