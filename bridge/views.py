@@ -216,11 +216,20 @@ class ViewRegistry:
     # ------------------------------------------------------------- recomputation
 
     def _on_cluster_change(self, change: ClusterChange) -> None:
-        touched = [
-            pub for (svc, _), pub in list(self.ports.items()) if change.touches(svc)
-        ]
-        for pub in touched:
-            pub.refresh()
+        # Indexed by service so a one-service change costs O(its ports), not O(all ports).
+        watched = self._ports_by_service
+        if change.all_services:
+            services = list(watched)
+        else:
+            services = [s for s in change.services if s in watched]
+            if change.namespaces:
+                services += [s for s in watched
+                             if s.namespace in change.namespaces and s not in change.services]
+        for svc in services:
+            for port in sorted(watched.get(svc, ())):
+                pub = self.ports.get((svc, port))
+                if pub is not None:
+                    pub.refresh()
 
     def merge_endpoints(
         self, service: ServiceKey, port: int
