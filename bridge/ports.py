@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+
+_RANGE = re.compile(r"^[0-9]+-[0-9]+$")
 
 
 class PortSpecError(ValueError):
@@ -21,7 +24,7 @@ def parse_port_set(
         item = raw.strip()
         if not item:
             continue
-        if "-" in item and item.replace("-", "").isdigit():
+        if _RANGE.match(item):
             lo_s, _, hi_s = item.partition("-")
             lo, hi = int(lo_s), int(hi_s)
             if not (1 <= lo <= hi <= 65535):

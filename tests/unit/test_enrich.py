@@ -167,3 +167,22 @@ def test_owner_kind_metric_labels(owner: tuple[str, str] | None,
     assert labels["control_plane_ns"] == "linkerd"
     assert labels["pod_template_hash"] == "5d9"
     assert labels["zone"] == "zone-a"
+
+
+@pytest.mark.parametrize(
+    ("text", "ports"),
+    [("25,587", {25, 587}), ("4000-4002", {4000, 4001, 4002}), (" 80 , ", {80}),
+     ("amqp-tls", {5671}), ("", set())],
+)
+def test_port_lists_take_numbers_ranges_and_dashed_names(text: str, ports: set[int]) -> None:
+    from bridge.ports import parse_port_set
+
+    assert parse_port_set(text, {"amqp-tls": 5671}.get) == ports
+
+
+@pytest.mark.parametrize("text", ["0-", "-5", "5-3", "70000", "0", "x-y"])
+def test_bad_port_lists_are_rejected(text: str) -> None:
+    from bridge.ports import PortSpecError, parse_port_set
+
+    with pytest.raises(PortSpecError):
+        parse_port_set(text)
