@@ -17,6 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -50,7 +51,7 @@ Observer = Callable[[Received], None]
 @dataclass(slots=True)
 class TargetState:
     endpoints: dict[tuple[str, int], NormalEndpoint] = field(default_factory=dict)
-    exists: bool | None = None  # from no_endpoints, when the server says
+    exists: bool | None = None  # from no_endpoints (xDS: False once delta-removed)
     status: str = ""  # the stream's final status, if it ended
 
     def state(self) -> State:
@@ -122,7 +123,7 @@ class XdsClient:
 
     def __init__(self, channel: grpc.aio.Channel, targets: Iterable[str], client_id: int = 0,
                  delta: bool = False, node_id: str = "", observe: Observer | None = None,
-                 zone: str = "") -> None:
+                 zone: str = "", normalize: Callable[[Any], State] = from_cla) -> None:
         self.channel = channel
         self.targets = list(targets)
         self.client_id = client_id
@@ -133,6 +134,8 @@ class XdsClient:
         if zone:
             self.node.locality.zone = zone
         self.observe = observe
+        # ClusterLoadAssignment -> state; `shadow` reads CLAs as Envoy does.
+        self.normalize = normalize
         self.state: dict[str, TargetState] = {t: TargetState() for t in self.targets}
         self.messages = 0
         self.bytes = 0
@@ -176,16 +179,17 @@ class XdsClient:
             resp = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
             for res in resp.resources:
                 cla = endpoint_pb2.ClusterLoadAssignment.FromString(res.resource.value)
-                touched.append(self._set(res.name, from_cla(cla)))
+                touched.append(self._set(res.name, self.normalize(cla)))
             for name in resp.removed_resources:
-                touched.append(self._set(name, frozenset()))
+                # Delta: a removed (or never existing) resource is said so explicitly.
+                touched.append(self._set(name, frozenset(), exists=False))
             ack = discovery_pb2.DeltaDiscoveryRequest(type_url=EDS_TYPE,
                                                       response_nonce=resp.nonce)
         else:
             resp = discovery_pb2.DiscoveryResponse.FromString(raw)
             for any_ in resp.resources:
                 cla = endpoint_pb2.ClusterLoadAssignment.FromString(any_.value)
-                touched.append(self._set(cla.cluster_name, from_cla(cla)))
+                touched.append(self._set(cla.cluster_name, self.normalize(cla)))
             ack = discovery_pb2.DiscoveryRequest(
                 type_url=EDS_TYPE, version_info=resp.version_info, resource_names=self.targets,
                 response_nonce=resp.nonce)
@@ -196,9 +200,10 @@ class XdsClient:
             self.observe(Received(self.model, self.client_id, time.monotonic_ns(), len(raw),
                                   tuple(touched), "response"))
 
-    def _set(self, name: str, state: State) -> tuple[str, State]:
+    def _set(self, name: str, state: State, exists: bool | None = None) -> tuple[str, State]:
         st = self.state.setdefault(name, TargetState())
         st.endpoints = {(e.address, e.port): e for e in state}
+        st.exists = exists
         self.received.add(name)
         if self.received.issuperset(self.targets):
             self.all_received.set()

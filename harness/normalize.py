@@ -100,3 +100,32 @@ def from_lb_endpoint(lb: Any) -> NormalEndpoint:
 
 def from_cla(cla: Any) -> State:
     return frozenset(from_lb_endpoint(lb) for loc in cla.endpoints for lb in loc.lb_endpoints)
+
+
+def carries_metadata(cla: Any) -> bool | None:
+    """Whether a CLA's endpoints carry meshbridge's `io.linkerd.destination` metadata
+    (None when it has no endpoints to tell by). A foreign xDS server's do not."""
+    seen: bool | None = None
+    for loc in cla.endpoints:
+        for lb in loc.lb_endpoints:
+            if METADATA_NAMESPACE in lb.metadata.filter_metadata:
+                return True
+            seen = False
+    return seen
+
+
+def from_cla_as_envoy(cla: Any) -> State:
+    """A CLA as Envoy reads it, so that any two xDS servers compare: the weight is the
+    `load_balancing_weight` (what Envoy balances by, default 1) and the zone is the
+    locality's. What only meshbridge's metadata carries (identity, protocol hint,
+    opaque transport, zone locality) is added when present, empty otherwise."""
+    out = []
+    for loc in cla.endpoints:
+        for lb in loc.lb_endpoints:
+            ep = from_lb_endpoint(lb)
+            out.append(NormalEndpoint(
+                address=ep.address, port=ep.port,
+                weight=int(lb.load_balancing_weight.value or 1),
+                identity=ep.identity, hint=ep.hint, opaque_transport=ep.opaque_transport,
+                zone=str(loc.locality.zone) or ep.zone, locality=ep.locality, health=ep.health))
+    return frozenset(out)
