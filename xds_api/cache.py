@@ -109,9 +109,12 @@ class ResourceCache:
         self._cla_key = ("xds_api.cla", draining)
         self._refresh(list(cluster.services))
         cluster.add_listener(self._on_cluster_change)
+        self._closed = False
 
     def close(self) -> None:
-        self.cluster.remove_listener(self._on_cluster_change)
+        if not self._closed:
+            self._closed = True
+            self.cluster.remove_listener(self._on_cluster_change)
 
     # ------------------------------------------------------------------ reading
 

@@ -46,6 +46,7 @@ log = structlog.get_logger("meshbridge.xds")
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
 DEFAULT_WRITE_TIMEOUT = 30.0
+CUT_OFF_GRACE = 1.0  # seconds a cut-off stream's status may take to leave
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,12 +161,12 @@ class XdsService:
             now = loop.time()
             for runner in list(self.runners):
                 started = runner.write_started
-                if started is not None and now - started > self.write_timeout:
+                if started is not None and now - started > self.write_timeout \
+                        and runner.cut_off():
                     self.metrics.write_timeouts.inc()
                     log.warning("xds stream cut off: client not reading",
                                 node=runner.stream.node_id, peer=runner.stream.peer,
                                 waited=round(now - started, 3))
-                    runner.cut_off()
 
     def stop(self) -> None:
         if self._sweeper is not None:
@@ -247,10 +248,14 @@ class StreamRunner:
         if self._task is not None:
             self._task.cancel()
 
-    def cut_off(self) -> None:
+    def cut_off(self) -> bool:
+        """End a stream whose client stopped reading; False if already done."""
+        if self._cut_off:
+            return False
         self._cut_off = True
         if self._task is not None:
             self._task.cancel()
+        return True
 
     async def run(self, context: grpc.aio.ServicerContext) -> None:
         self._task = asyncio.current_task()
@@ -270,8 +275,11 @@ class StreamRunner:
             if self._ending:
                 return
             if self._cut_off:
-                await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                    "stream cut off: the client stopped reading")
+                # The status queues behind the unread data; if it cannot go out soon,
+                # the call is cancelled instead (the client sees CANCELLED).
+                await asyncio.wait_for(context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "stream cut off: the client stopped reading"),
+                    CUT_OFF_GRACE)
             raise
         finally:
             writer.cancel()
