@@ -1,0 +1,358 @@
+"""One comparison run: meshbridge in this process, the measuring clients in another.
+
+    1. meshbridge starts on 127.0.0.1 (ephemeral ports) on the sim source, its churn
+       held back; the truth recorder joins the View of every followed target.
+    2. The client process starts (the same Python) and connects one model at a time,
+       each waiting for every initial snapshot, so that the server's memory growth
+       per model can be read between them.
+    3. The churn runs for the scenario's duration.
+    4. Settle: wait until the clients have received exactly what the server sent and
+       nothing moved for a quiet period (with a deadline), read the server's own
+       counts, then stop the clients, which write what they received.
+
+Server CPU seconds are this process's own (`time.process_time`) over steps 3-4;
+nothing else of note runs here then (the live view redraws twice a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import importlib
+import json
+import os
+import resource
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from bridge.app import App, ProtocolLayer, ServeOptions
+from bridge.limits import Limits
+from bridge.model import MeshConfig
+from bridge.sources.sim import SimSource
+from harness.compare_scenario import MODELS, CompareScenario
+from harness.compare_truth import TruthRecorder
+
+log = structlog.get_logger("meshbridge.compare")
+
+# What `meshbridge serve` mounts; a model whose layer is absent is skipped and said so.
+PROTOCOL_LAYERS = ("linkerd_api.service", "xds_api.service")
+MODEL_LAYER = {"linkerd": "linkerd_api.service", "sotw": "xds_api.service",
+               "delta": "xds_api.service"}
+STREAM_MODEL = {"linkerd-get": "linkerd"}  # xDS streams are told apart by node id
+
+
+class RunError(RuntimeError):
+    """The run could not be carried out (not: the run found a divergence)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    connect_timeout: float = 60.0
+    settle_timeout: float = 30.0
+    quiet: float = 0.5
+    trace_memory: bool = True
+
+
+class Progress(Protocol):
+    """What the live view is told; every method must be cheap."""
+
+    def phase(self, text: str) -> None: ...
+
+    def tick(self, run: Run) -> None: ...
+
+
+@dataclass(slots=True)
+class ServerCounts:
+    streams: int = 0
+    connections: int = 0
+    messages: int = 0
+    bytes: int = 0
+
+
+@dataclass(slots=True)
+class Run:
+    """Everything a run measured, raw; the report is computed from it."""
+
+    cs: CompareScenario
+    models: tuple[str, ...] = ()
+    skipped: dict[str, str] = field(default_factory=dict)  # model -> why
+    truth: TruthRecorder = field(default_factory=TruthRecorder)
+    phase: str = "starting"
+    churn_start_ns: int = 0
+    churn_end_ns: int = 0
+    settled_ns: int = 0
+    settled: bool = False
+    changes: int = 0
+    cpu_seconds: float = 0.0
+    cpu_user: float = 0.0
+    cpu_system: float = 0.0
+    rss_start: int = 0
+    rss_end: int = 0
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> figures
+    connect: dict[str, dict[str, Any]] = field(default_factory=dict)
+    server: dict[str, ServerCounts] = field(default_factory=dict)
+    client_counts: dict[str, list[int]] = field(default_factory=dict)  # live, from worker
+    results: dict[str, Any] = field(default_factory=dict)  # what the worker wrote
+    live_server: dict[str, ServerCounts] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    grpc_port: int = 0
+    # Filled in by the report and by optional parts (Envoy): see compare_report.
+    kube: Any = None
+    analysed: Any = None
+    extra_figures: dict[str, Any] = field(default_factory=dict)
+
+    def source_emitted(self) -> int:
+        return len(self.truth.emissions)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux), else its peak."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def load_layers() -> tuple[list[ProtocolLayer], set[str]]:
+    layers: list[ProtocolLayer] = []
+    present: set[str] = set()
+    for module in PROTOCOL_LAYERS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):
+                continue
+            raise
+        register = getattr(mod, "register", None)
+        if register is not None:
+            layers.append(register)
+            present.add(module)
+    return layers, present
+
+
+def server_counts(app: App) -> dict[str, ServerCounts]:
+    """Per model, from the streams the protocol layers registered."""
+    out: dict[str, ServerCounts] = {}
+    peers: dict[str, set[str]] = {}
+    for info in app.streams.all():
+        model = STREAM_MODEL.get(info.protocol)
+        if model is None and info.protocol.startswith("xds-"):
+            model = _xds_model(info.client)
+        if model is None:
+            continue
+        c = out.setdefault(model, ServerCounts())
+        c.streams += 1
+        c.messages += info.messages_sent
+        c.bytes += info.bytes_sent
+        peers.setdefault(model, set()).add(info.peer)
+    for model, ps in peers.items():
+        out[model].connections = len(ps)
+    return out
+
+
+def _xds_model(node_id: str) -> str | None:
+    # Node ids are compare-<model>-<index> (see compare_worker and compare_envoy).
+    parts = node_id.split("-")
+    if len(parts) >= 3 and parts[0] == "compare":
+        return parts[1]
+    return None
+
+
+class WorkerProcess:
+    """The client process and its JSON-lines conversation."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.counts: dict[str, list[int]] = {}
+        self.replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read(), name="compare-worker-reader")
+
+    @classmethod
+    async def start(cls, config: Path, stderr: Path) -> WorkerProcess:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        with stderr.open("wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "harness.compare_worker", str(config),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
+                env=env)
+        return cls(proc)
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while True:
+            line = await self.proc.stdout.readline()
+            if not line:
+                await self.replies.put({"event": "exited"})
+                return
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if msg.get("event") == "progress":
+                self.counts = msg["counts"]
+            else:
+                await self.replies.put(msg)
+
+    async def request(self, cmd: dict[str, Any], timeout: float) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd).encode() + b"\n")
+        await self.proc.stdin.drain()
+        try:
+            reply = await asyncio.wait_for(self.replies.get(), timeout)
+        except TimeoutError:
+            raise RunError(f"client process: no answer to {cmd['cmd']} within "
+                           f"{timeout:g}s") from None
+        if reply.get("event") == "exited":
+            raise RunError(f"client process exited during {cmd['cmd']} "
+                           f"(status {await self.proc.wait()})")
+        return reply
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+
+
+async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Progress,
+              extra_clients: Callable[[Run, int], Any] | None = None) -> Run:
+    """Carry out one run; raises RunError if it cannot."""
+    r = Run(cs)
+    layers, present = load_layers()
+    wanted = [m for m in MODELS if cs.clients.count(m) > 0]
+    for m in wanted:
+        if MODEL_LAYER[m] not in present:
+            r.skipped[m] = f"{MODEL_LAYER[m]} is not installed in this build"
+    r.models = tuple(m for m in wanted if m not in r.skipped)
+    if not r.models:
+        raise RunError("no protocol layer serves the scenario's clients: "
+                       + "; ".join(f"{m}: {why}" for m, why in r.skipped.items()))
+    specs = [s for s in cs.client_specs(r.models)]
+    streams = sum(len(s.targets) if s.model == "linkerd" else 1 for s in specs)
+    start_churn = asyncio.Event()
+    source = SimSource(cs.scenario, on_emit=r.truth.on_emit, start_churn=start_churn)
+    limits = Limits(max_streams_per_client=max(Limits().max_streams_per_client,
+                                                2 * streams + 100),
+                    max_streams_per_connection=max(Limits().max_streams_per_connection,
+                                                   2 * len(cs.all_targets()) + 100))
+    app = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits),
+              layers)
+    worker: WorkerProcess | None = None
+    try:
+        progress.phase("starting meshbridge")
+        await app.start()
+        r.grpc_port = app.grpc_port
+        r.truth.follow(app.views, cs.followed_targets())
+        config = out / "clients.json"
+        results = out / "client-results.json"
+        config.write_text(json.dumps({
+            "server": f"127.0.0.1:{app.grpc_port}",
+            "clients": [{"model": s.model, "index": s.index, "targets": list(s.targets)}
+                        for s in specs],
+            "results": str(results),
+            "connect_timeout": options.connect_timeout,
+        }), encoding="utf-8")
+        worker = await WorkerProcess.start(config, out / "client-process.log")
+        gc.collect()
+        r.rss_start = rss_bytes()
+        if options.trace_memory:
+            tracemalloc.start()
+        for model in r.models:
+            r.phase = f"connecting {model} clients"
+            progress.phase(r.phase)
+            before_rss, before_heap = rss_bytes(), _heap()
+            reply = await worker.request({"cmd": "connect", "model": model},
+                                         options.connect_timeout + 10)
+            gc.collect()
+            r.connect[model] = reply
+            r.memory[model] = {"rss": rss_bytes() - before_rss,
+                               "heap": _heap() - before_heap if options.trace_memory else -1}
+            if reply.get("error_count") or reply.get("missing_count"):
+                raise RunError(f"{model} clients did not all get their initial snapshot: "
+                               + "; ".join(reply.get("errors", []) + reply.get("missing", [])))
+        if options.trace_memory:
+            tracemalloc.stop()
+        if extra_clients is not None:
+            await extra_clients(r, app.grpc_port)
+
+        r.phase = "churn"
+        progress.phase(f"churn: {cs.scenario.churn.rate:g} changes/s for {cs.duration:g}s")
+        cpu0, ru0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+        r.churn_start_ns = time.monotonic_ns()
+        start_churn.set()
+        churn_deadline = time.monotonic() + cs.duration + max(10.0, cs.duration)
+        while not source.finished.is_set():
+            if time.monotonic() > churn_deadline:
+                raise RunError("the churn did not finish in time")
+            r.client_counts = worker.counts
+            r.live_server = server_counts(app)
+            progress.tick(r)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(source.finished.wait(), 0.5)
+        r.churn_end_ns = time.monotonic_ns()
+        r.changes = source.emitted
+
+        r.phase = "settling"
+        progress.phase("settling: waiting for the clients to be quiet")
+        r.settled = await _settle(app, worker, r, options, progress)
+        r.settled_ns = time.monotonic_ns()
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        r.cpu_seconds = time.process_time() - cpu0
+        r.cpu_user = ru1.ru_utime - ru0.ru_utime
+        r.cpu_system = ru1.ru_stime - ru0.ru_stime
+        r.server = server_counts(app)
+        r.rss_end = rss_bytes()
+
+        r.phase = "collecting"
+        progress.phase("collecting what the clients received")
+        await worker.request({"cmd": "stop"}, 60.0)
+        r.results = json.loads(results.read_text(encoding="utf-8"))
+        r.truth.unfollow(app.views)
+        return r
+    finally:
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+        if worker is not None:
+            await worker.close()
+        await app.stop(grace=0.5)
+
+
+def _heap() -> int:
+    return tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
+
+
+async def _settle(app: App, worker: WorkerProcess, r: Run, options: RunOptions,
+                  progress: Progress) -> bool:
+    """Wait until every model's clients have received what the server sent and nothing
+    has moved for `options.quiet` seconds; False if the deadline came first."""
+    deadline = time.monotonic() + options.settle_timeout
+    last: object = None
+    still_since = time.monotonic()
+    while time.monotonic() < deadline:
+        r.live_server = server_counts(app)
+        server = {m: [c.messages, c.bytes] for m, c in r.live_server.items()}
+        clients = {m: list(v) for m, v in worker.counts.items()}
+        r.client_counts = clients
+        now = (server, clients)
+        agree = all(clients.get(m) == server.get(m) for m in r.models)
+        if now != last or not agree:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= options.quiet:
+            return True
+        progress.tick(r)
+        await asyncio.sleep(0.05)  # polling with a deadline
+    return False

@@ -1,0 +1,183 @@
+"""A comparison scenario: the sim source's scenario plus who watches it.
+
+The `clients` section of a scenario file (which the sim source passes through
+unread) says which measuring clients `meshbridge compare` starts and what each
+follows:
+
+    clients:
+      linkerd: 10          # Linkerd proxies: one destination Get stream per target
+      sotw: 10             # xDS clients, state of the world: one ADS stream each
+      delta: 10            # xDS clients, incremental: one delta ADS stream each
+      targets: 5           # services each client follows; "all" for every service
+      selection: spread    # spread | same | random: which services those are
+      kube_watchers: 100   # Kubernetes watchers of the endpoints API (kube-proxy on
+                           # every node, ...) for the Endpoints vs EndpointSlice bytes
+
+Client `i` of every model follows the same targets, so the models see identical
+work. Every error is a `ScenarioError` naming the key (exit status 2).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bridge.sources.sim import Scenario, ScenarioError, load_scenario, parse_scenario
+
+MODELS = ("linkerd", "sotw", "delta")
+MODEL_TITLES = {
+    "linkerd": "Linkerd Get (stream per target)",
+    "sotw": "xDS SotW (ADS)",
+    "delta": "xDS delta (ADS)",
+    "envoy": "Envoy (xDS SotW, real proxy)",
+}
+SELECTIONS = ("spread", "same", "random")
+MAX_CLIENTS = 10000
+MAX_WATCHERS = 1_000_000
+CLIENT_KEYS = {*MODELS, "targets", "selection", "kube_watchers"}
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPlan:
+    linkerd: int = 1
+    sotw: int = 1
+    delta: int = 1
+    targets: int | None = 1  # per client; None: every service
+    selection: str = "spread"
+    kube_watchers: int = 1
+
+    def count(self, model: str) -> int:
+        value: int = getattr(self, model)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    """One measuring client: its model, its index within the model, its targets."""
+
+    model: str
+    index: int
+    targets: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompareScenario:
+    scenario: Scenario
+    clients: ClientPlan
+    source: str = ""  # the file it came from
+
+    @property
+    def duration(self) -> float:
+        assert self.scenario.duration is not None
+        return self.scenario.duration
+
+    def services(self) -> list[tuple[str, str]]:
+        """(namespace, name) of every sim service, in the sim's order."""
+        shape = self.scenario.cluster
+        return [(f"ns-{i % shape.namespaces}", f"svc-{i}") for i in range(shape.services)]
+
+    def authority(self, namespace: str, name: str) -> str:
+        return f"{name}.{namespace}.svc.cluster.local:{self.scenario.cluster.port}"
+
+    def all_targets(self) -> list[str]:
+        return [self.authority(ns, name) for ns, name in self.services()]
+
+    def targets_of(self, index: int) -> tuple[str, ...]:
+        """What client `index` (of any model) follows."""
+        every = self.all_targets()
+        n = len(every) if self.clients.targets is None else min(self.clients.targets,
+                                                                 len(every))
+        if self.clients.selection == "same":
+            picked = every[:n]
+        elif self.clients.selection == "random":
+            rng = random.Random(self.scenario.seed * 1_000_003 + index)
+            picked = sorted(rng.sample(every, n), key=every.index)
+        else:  # spread: consecutive services, each client starting further on
+            start = (index * n) % len(every)
+            picked = [every[(start + k) % len(every)] for k in range(n)]
+        return tuple(picked)
+
+    def client_specs(self, models: tuple[str, ...] = MODELS) -> list[ClientSpec]:
+        return [ClientSpec(m, i, self.targets_of(i))
+                for m in models for i in range(self.clients.count(m))]
+
+    def followed_targets(self) -> list[str]:
+        """Every target some client follows, in the sim's order."""
+        wanted = {t for s in self.client_specs() for t in s.targets}
+        return [t for t in self.all_targets() if t in wanted]
+
+
+def _int(section: Mapping[str, Any], key: str, lo: int, hi: int, default: int) -> int:
+    v = section.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ScenarioError(f"clients.{key}: must be an integer in {lo}..{hi}, got {v!r}")
+    return v
+
+
+def parse_clients(raw: Mapping[str, Any], services: int) -> ClientPlan:
+    unknown = sorted(set(raw) - CLIENT_KEYS)
+    if unknown:
+        raise ScenarioError(f"clients: unknown key {unknown[0]!r} (allowed: "
+                            f"{', '.join(sorted(CLIENT_KEYS))})")
+    counts = {m: _int(raw, m, 0, MAX_CLIENTS, 1) for m in MODELS}
+    if not any(counts.values()):
+        raise ScenarioError("clients: at least one of linkerd, sotw, delta must be > 0")
+    targets_raw = raw.get("targets", 1)
+    targets: int | None
+    if targets_raw == "all":
+        targets = None
+    else:
+        targets = _int(raw, "targets", 1, 100000, 1)
+        if targets > services:
+            raise ScenarioError(f"clients.targets: {targets} is more than the cluster's "
+                                f"{services} services (use \"all\")")
+    selection = raw.get("selection", "spread")
+    if selection not in SELECTIONS:
+        raise ScenarioError(f"clients.selection: must be one of {', '.join(SELECTIONS)}, "
+                            f"got {selection!r}")
+    watchers = _int(raw, "kube_watchers", 1, MAX_WATCHERS, 1)
+    return ClientPlan(counts["linkerd"], counts["sotw"], counts["delta"], targets,
+                      str(selection), watchers)
+
+
+def check_for_compare(scenario: Scenario, duration: float | None = None) -> CompareScenario:
+    """What `compare` needs beyond what the sim accepts: a bounded run and clients."""
+    if duration is not None:
+        if duration <= 0:
+            raise ScenarioError(f"--duration: must be > 0, got {duration!r}")
+        scenario = _with_duration(scenario, duration)
+    if scenario.duration is None:
+        raise ScenarioError("duration: compare needs a bounded run (seconds of churn)")
+    clients = parse_clients(scenario.clients, scenario.cluster.services)
+    return CompareScenario(scenario, clients)
+
+
+def _with_duration(scenario: Scenario, duration: float) -> Scenario:
+    from dataclasses import replace
+
+    return replace(scenario, duration=float(duration))
+
+
+def load_compare_scenario(path: Path, duration: float | None = None) -> CompareScenario:
+    if path.is_dir():
+        raise ScenarioError(f"{path}: is a directory, not a scenario file")
+    cs = check_for_compare(load_scenario(path), duration)
+    return CompareScenario(cs.scenario, cs.clients, str(path))
+
+
+def parse_compare_scenario(text: str, name: str = "scenario") -> CompareScenario:
+    """From YAML text (for tests)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{name}: not valid YAML: {str(e).splitlines()[0]}") from None
+    return check_for_compare(parse_scenario(raw, name))
