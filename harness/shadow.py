@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "endpoints', xDS SotW's 'does not exist'")
     p.add_argument("--retry-max", type=float, default=5.0,
                    help="longest delay between reconnects of an ended stream")
+    p.add_argument("--connect-timeout", type=float, default=10.0,
+                   help="--all: seconds to wait for ours' first CDS answer")
     p.add_argument("--fail-on-semantics", action="store_true",
                    help="exit 1 also for differences the Linkerd semantics explain")
     p.add_argument("--cluster-domain", default="cluster.local",
@@ -173,7 +175,7 @@ class Shadow:
         try:
             if args.all:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(10.0, args.settle)):
+                    async with asyncio.timeout(args.connect_timeout):
                         await self.ours_clusters.wait()
                 if not self.ours_clusters.is_set():
                     sys.stderr.write(f"meshbridge shadow: --all: no CDS answer from --ours "

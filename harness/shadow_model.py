@@ -221,6 +221,7 @@ class Event:
     differences: tuple[Difference, ...] = ()
     time_to_agree: float | None = None  # seconds, when agreement came back
     changed: str = ""  # which side's answer changed: ours | theirs
+    missing_on: str = ""  # for MISSING: ours | theirs
     ours: str = ""
     theirs: str = ""
     at: float = 0.0  # wall clock
@@ -233,6 +234,8 @@ class Event:
         }
         if self.changed:
             out["changed"] = self.changed
+        if self.missing_on:
+            out["missing_on"] = self.missing_on
         if self.differences:
             out["differences"] = [d.as_json() for d in self.differences]
         if self.time_to_agree is not None:
@@ -329,8 +332,8 @@ class Tracker:
             return []
         return [Event(rec.target, shown, old_shown,
                       () if shown == CONVERGING else v.differences,
-                      agreed, changed, rec.ours.describe(), rec.theirs.describe(),
-                      time.time())]
+                      agreed, changed, v.missing_on if shown == MISSING else "",
+                      rec.ours.describe(), rec.theirs.describe(), time.time())]
 
     def unagreed(self) -> list[Record]:
         return [r for r in self.records.values() if not r.verdict.agrees]

@@ -1,0 +1,161 @@
+"""Support for the shadow tests (no tests here): running `meshbridge shadow` in-process
+against two Apps, and planting differences in a manifest folder (the files source
+picks an edit up within 50 ms)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.shadow import add_arguments, run_shadow
+
+DOMAIN = "svc.cluster.local"
+WEB = f"web.emojivoto.{DOMAIN}:80"
+BILLING = f"billing.legacy.{DOMAIN}:80"
+CACHE = f"cache.shop.{DOMAIN}:6379"
+CATALOG = f"catalog.shop.{DOMAIN}:80"
+PAYMENTS = f"payments.shop.{DOMAIN}:8080"
+REPORTS = f"reports.legacy.{DOMAIN}:8080"
+MAIL = f"mail.legacy.{DOMAIN}:25"
+NOSUCH = f"nosuch.shop.{DOMAIN}:80"
+
+IDENTITY = "{sa}.emojivoto.serviceaccount.identity.linkerd.cluster.local"
+PLANTED_POD = "web-5d8f7b9c6-4xk2p"
+EXTRA_ADDRESS = "10.0.5.21"
+
+
+def edit(folder: Path, filename: str, change: Callable[[list[dict[str, Any]]], None]) -> None:
+    path = folder / filename
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    change(docs)
+    # Written whole and renamed, so the poller never reads half a file.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    tmp.replace(path)
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    for d in docs:
+        if d.get("kind") == kind and d["metadata"]["name"] == name:
+            return d
+    raise LookupError(f"{kind} {name}")
+
+
+def plant_identity(folder: Path) -> str:
+    """One web pod runs as another ServiceAccount; returns its address."""
+    found: list[str] = []
+
+    def change(docs: list[dict[str, Any]]) -> None:
+        pod = find(docs, "Pod", PLANTED_POD)
+        pod["spec"]["serviceAccountName"] = "web-v2"
+        found.append(pod["status"]["podIP"])
+
+    edit(folder, "10-emojivoto.yaml", change)
+    return f"{found[0]}:8080"
+
+
+def plant_extra_endpoint(folder: Path) -> str:
+    """billing gets a second VM address."""
+    def change(docs: list[dict[str, Any]]) -> None:
+        s = find(docs, "EndpointSlice", "billing-vm")
+        s["endpoints"].append({"addresses": [EXTRA_ADDRESS],
+                               "conditions": {"ready": True, "serving": True,
+                                              "terminating": False}})
+
+    edit(folder, "40-legacy.yaml", change)
+    return f"{EXTRA_ADDRESS}:8080"
+
+
+def plant_missing_service(folder: Path) -> None:
+    """The cache Service is gone (its pods and slices stay)."""
+    def change(docs: list[dict[str, Any]]) -> None:
+        docs.remove(find(docs, "Service", "cache"))
+
+    edit(folder, "20-shop.yaml", change)
+
+
+def plant_external_name(folder: Path) -> None:
+    """billing becomes an ExternalName Service, which both APIs refuse to resolve."""
+    def change(docs: list[dict[str, Any]]) -> None:
+        spec = find(docs, "Service", "billing")["spec"]
+        for key in ("clusterIP", "clusterIPs", "selector", "ipFamilies", "ipFamilyPolicy",
+                    "internalTrafficPolicy", "sessionAffinity"):
+            spec.pop(key, None)
+        spec["type"] = "ExternalName"
+        spec["externalName"] = "billing.example.com"
+
+    edit(folder, "40-legacy.yaml", change)
+
+
+def restore(folder: Path, original: Path, filename: str) -> None:
+    tmp = folder / (filename + ".tmp")
+    shutil.copyfile(original / filename, tmp)
+    tmp.replace(folder / filename)
+
+
+class ShadowRun:
+    """`meshbridge shadow ... --json` as a task; its events as they arrive."""
+
+    def __init__(self, *argv: str) -> None:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        self.args = parser.parse_args(["--json", "--grace", "0.3", "--settle", "0.6",
+                                       "--retry-max", "0.3", *argv])
+        self.out = io.StringIO()
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(run_shadow(self.args, self.out, self.stop))
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.out.getvalue().splitlines()]
+
+    def events(self, target: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.lines() if e["event"] == "target"
+                and (target is None or e["target"] == target)]
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        return {e["target"]: e for e in self.events()}
+
+    def targets(self) -> int:
+        starts = [e for e in self.lines() if e["event"] == "start"]
+        return int(starts[0]["targets"]) if starts else -1
+
+    def settled(self) -> dict[str, dict[str, Any]] | None:
+        """Every target's latest event once each has a final-looking status."""
+        latest = self.latest()
+        if len(latest) != self.targets() or any(
+                e["status"] in ("pending", "converging") for e in latest.values()):
+            return None
+        return latest
+
+    async def until(self, check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.task.done():
+                raise AssertionError(f"shadow ended ({self.task.result()}) before: {what}")
+            result = check()
+            if result:
+                return result
+            await asyncio.sleep(0.05)  # polling shadow's output with a deadline
+        shown = {t: (e["status"], e.get("differences")) for t, e in self.latest().items()}
+        raise AssertionError(f"timed out waiting for: {what}; latest: {shown}")
+
+    async def finish(self) -> tuple[int, dict[str, Any]]:
+        self.stop.set()
+        rc = await asyncio.wait_for(self.task, 20)
+        summary = self.lines()[-1]
+        assert summary["event"] == "summary"
+        return rc, summary
+
+
+def non_equal(latest: dict[str, dict[str, Any]]) -> dict[str, tuple[str, list[Any]]]:
+    return {t: (e["status"], e.get("differences", [])) for t, e in latest.items()
+            if e["status"] != "equal"}

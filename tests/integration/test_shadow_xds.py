@@ -1,0 +1,260 @@
+"""`meshbridge shadow --api xds` between two meshbridge instances on loopback, fed from
+manifest folders that differ in planted ways; and against bad peers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from bridge.app import App
+from bridge.cli import _load_optional
+from harness.clients import ADS_SOTW, EDS_TYPE
+from tests.conftest import AppFactory
+from tests.integration.test_shadow_support import (
+    BILLING,
+    CACHE,
+    EXTRA_ADDRESS,
+    IDENTITY,
+    WEB,
+    ShadowRun,
+    non_equal,
+    plant_external_name,
+    plant_extra_endpoint,
+    plant_identity,
+    plant_missing_service,
+    restore,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def addr(app: App) -> str:
+    return f"127.0.0.1:{app.grpc_port}"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def copy(folder: Path, to: Path) -> Path:
+    shutil.copytree(folder, to)
+    return to
+
+
+@pytest.mark.parametrize("variant", ["sotw", "delta"])
+async def test_reports_exactly_the_planted_differences_and_their_removal(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path, variant: str) -> None:
+    theirs_dir = copy(demo_dir, tmp_path / "theirs")
+    planted_ep = plant_identity(theirs_dir)
+    extra_ep = plant_extra_endpoint(theirs_dir)
+    plant_missing_service(theirs_dir)
+    ours, theirs = await make_app(demo_dir), await make_app(theirs_dir)
+    run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs), "--all",
+                    *(["--delta"] if variant == "delta" else []))
+
+    latest = await run.until(run.settled, "every target compared")
+    assert run.targets() == 17  # every service port of the demo but the ExternalName one
+    assert non_equal(latest) == {
+        WEB: ("differs", [{"kind": "field", "endpoint": planted_ep, "field": "identity",
+                           "ours": IDENTITY.format(sa="web"),
+                           "theirs": IDENTITY.format(sa="web-v2")}]),
+        BILLING: ("differs", [{"kind": "only-theirs", "endpoint": extra_ep}]),
+        CACHE: ("missing", [{"kind": "missing", "ours": "1 endpoints",
+                             "theirs": "empty (no cluster)"}]),
+    }
+    assert latest[CACHE]["missing_on"] == "theirs"
+    # Nothing else was ever reported as anything but agreeing.
+    others = {e["status"] for e in run.events() if e["target"] not in (WEB, BILLING, CACHE)}
+    assert others == {"equal"}
+
+    # Take two plants out again: those targets agree, with the time it took.
+    restore(theirs_dir, demo_dir, "10-emojivoto.yaml")
+    restore(theirs_dir, demo_dir, "20-shop.yaml")
+    for target in (WEB, CACHE):
+        agreed = await run.until(
+            lambda t=target: [e for e in run.events(t) if e["status"] == "equal"],
+            f"{target} agrees again")
+        assert agreed[-1]["time_to_agree_ms"] > 0
+        # (xDS: CDS and EDS are two streams; one may land a moment before the other.)
+        assert agreed[-1]["previous"] in ("differs", "missing", "converging")
+
+    rc, summary = await run.finish()
+    assert rc == 1
+    assert [u["target"] for u in summary["unagreed"]] == [BILLING]
+    assert summary["counts"] == {"equal": 16, "differs": 1}
+    assert summary["time_to_agree"]["count"] == 2
+    assert summary["fields"] == ["weight", "identity", "hint", "opaque_transport", "zone",
+                                 "locality", "health"]
+
+
+async def test_a_live_change_on_one_side_converges_then_agrees(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    theirs_dir = copy(demo_dir, tmp_path / "theirs")
+    ours, theirs = await make_app(demo_dir), await make_app(theirs_dir)
+    targets = tmp_path / "targets"
+    targets.write_text(f"{BILLING}\n{WEB}\n")
+    run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs),
+                    "--targets", str(targets), "--grace", "5")
+    await run.until(lambda: (s := run.settled()) and not non_equal(s), "both equal")
+
+    plant_extra_endpoint(demo_dir)
+    await run.until(lambda: any(e["status"] == "converging" and e.get("changed") == "ours"
+                                for e in run.events(BILLING)), "ours changed first")
+    plant_extra_endpoint(theirs_dir)
+    agreed = await run.until(
+        lambda: [e for e in run.events(BILLING) if e.get("time_to_agree_ms")],
+        "theirs caught up")
+    # The grace (5 s) never ran out: the disagreement was never reported as one.
+    assert [e["status"] for e in run.events(BILLING)] == ["equal", "converging", "equal"]
+    assert 0 < agreed[0]["time_to_agree_ms"] < 5000
+    rc, summary = await run.finish()
+    assert rc == 0
+    assert summary["ok"] is True
+
+
+async def test_an_unreachable_theirs_is_an_error_per_target(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    ours = await make_app(demo_dir)
+    targets = tmp_path / "targets"
+    targets.write_text(f"{WEB}\n{BILLING}\n")
+    run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs",
+                    f"127.0.0.1:{closed_port()}", "--targets", str(targets))
+    latest = await run.until(run.settled, "both targets compared")
+    assert {t: e["status"] for t, e in latest.items()} == {WEB: "error", BILLING: "error"}
+    assert all(e["theirs"].startswith("UNAVAILABLE") for e in latest.values())
+    assert all(e["ours"].endswith("endpoints") for e in latest.values())
+    rc, _ = await run.finish()
+    assert rc == 1
+
+
+async def test_a_server_without_xds_is_reported_unimplemented(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    linkerd = _load_optional("linkerd_api.service")
+    other = [linkerd.register] if linkerd is not None else []  # type: ignore[attr-defined]
+    ours, theirs = await make_app(demo_dir), await make_app(demo_dir, layers=other)
+    targets = tmp_path / "targets"
+    targets.write_text(f"{WEB}\n")
+    run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs),
+                    "--targets", str(targets))
+    latest = await run.until(run.settled, "compared")
+    assert latest[WEB]["status"] == "error"
+    assert latest[WEB]["theirs"].startswith("UNIMPLEMENTED")
+    await run.finish()
+
+
+async def test_a_target_theirs_does_not_serve_is_missing_while_the_rest_compares(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    theirs_dir = copy(demo_dir, tmp_path / "theirs")
+    plant_external_name(theirs_dir)
+    ours, theirs = await make_app(demo_dir), await make_app(theirs_dir)
+    run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs), "--all")
+    latest = await run.until(run.settled, "every target compared")
+    assert non_equal(latest) == {
+        BILLING: ("missing", [{"kind": "missing", "ours": "3 endpoints",
+                               "theirs": "empty (no cluster)"}])}
+    # Still comparing the others: a change on ours shows up.
+    planted = plant_identity(demo_dir)
+    changed = await run.until(
+        lambda: [e for e in run.events(WEB) if e["status"] == "differs"], "web differs")
+    assert changed[-1]["differences"][0]["endpoint"] == planted
+    await run.finish()
+
+
+@contextlib.asynccontextmanager
+async def foreign(upstream: str) -> AsyncIterator[str]:
+    """An xDS server that is not meshbridge: ADS passed through to `upstream`, with the
+    endpoint metadata only meshbridge sends taken out of every ClusterLoadAssignment."""
+    channel = grpc.aio.insecure_channel(upstream)
+
+    async def ads(requests: AsyncIterator[bytes],
+                  _context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for raw in channel.stream_stream(ADS_SOTW)(requests):
+            resp = discovery_pb2.DiscoveryResponse.FromString(raw)
+            for any_ in resp.resources:
+                if any_.type_url == EDS_TYPE:
+                    cla = endpoint_pb2.ClusterLoadAssignment.FromString(any_.value)
+                    for loc in cla.endpoints:
+                        for lb in loc.lb_endpoints:
+                            lb.ClearField("metadata")
+                    any_.value = cla.SerializeToString()
+            yield resp.SerializeToString()
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "envoy.service.discovery.v3.AggregatedDiscoveryService",
+        {"StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(ads)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0.2)
+        await channel.close()
+
+
+async def test_a_foreign_server_is_compared_on_what_both_carry(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    """A server without meshbridge's endpoint metadata (istiod, any other xDS server):
+    identity and the other Linkerd fields are not compared, and the output says so."""
+    theirs_dir = copy(demo_dir, tmp_path / "theirs")
+    plant_identity(theirs_dir)  # invisible without the metadata, by design
+    plant_extra_endpoint(theirs_dir)  # visible
+    ours, theirs = await make_app(demo_dir), await make_app(theirs_dir)
+    targets = tmp_path / "targets"
+    targets.write_text(f"{WEB}\n{CACHE}\n{BILLING}\n")
+    async with foreign(addr(theirs)) as theirs_addr:
+        run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", theirs_addr,
+                        "--targets", str(targets))
+        latest = await run.until(run.settled, "compared")
+        assert non_equal(latest) == {
+            BILLING: ("differs", [{"kind": "only-theirs", "endpoint": f"{EXTRA_ADDRESS}:8080"}])}
+        rc, summary = await run.finish()
+    assert rc == 1
+    assert summary["fields"] == ["weight", "zone", "health"]
+    assert [n for n in summary["notes"] if "theirs sends no io.linkerd.destination" in n]
+    assert [e for e in run.lines() if e["event"] == "note"]
+
+
+async def _cli(*argv: str) -> tuple[int, list[dict[str, Any]]]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge.cli", "shadow", *argv,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None, err
+    return proc.returncode, [json.loads(line) for line in out.decode().splitlines()]
+
+
+async def test_the_command_exits_zero_only_if_every_target_agrees(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    theirs_dir = copy(demo_dir, tmp_path / "theirs")
+    ours, theirs = await make_app(demo_dir), await make_app(theirs_dir)
+    common = ["--api", "xds", "--ours", addr(ours), "--all", "--json", "--duration", "1.5",
+              "--grace", "0.3", "--settle", "0.5"]
+    rc, lines = await _cli(*common, "--theirs", addr(theirs))
+    assert (rc, lines[-1]["event"], lines[-1]["ok"]) == (0, "summary", True)
+    assert lines[-1]["counts"] == {"equal": 17}
+
+    plant_extra_endpoint(theirs_dir)
+    rc, lines = await _cli(*common, "--theirs", addr(theirs))
+    assert rc == 1
+    assert [u["target"] for u in lines[-1]["unagreed"]] == [BILLING]
+
+    rc, _ = await _cli(*common, "--theirs", addr(theirs), "--ours",
+                       f"127.0.0.1:{closed_port()}", "--connect-timeout", "1")
+    assert rc == 2  # --all needs ours' CDS
