@@ -135,7 +135,8 @@ class PlainView:
         return None
 
     def phase(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.started:6.1f}s] {text}", file=sys.stderr, flush=True)
+        self._last_tick = time.monotonic()
+        print(f"[{self._last_tick - self.started:6.1f}s] {text}", file=sys.stderr, flush=True)
 
     def tick(self, run: Run) -> None:
         now = time.monotonic()

@@ -1,0 +1,148 @@
+"""`meshbridge compare` end to end: a real server, real gRPC clients in a child process,
+a real churn; the report's figures must agree with each other and with the truth."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import compare_truth
+from harness.compare import compare
+from harness.compare_run import RunOptions
+from harness.compare_scenario import parse_compare_scenario
+from harness.normalize import State
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "bench" / "scenarios" / "smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str],
+                                                             dict[str, Any], Path]:
+    out = tmp_path_factory.mktemp("compare-smoke")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "compare", str(SMOKE), "--out", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() \
+        else {}
+    return proc, report, out
+
+
+def test_the_smoke_scenario_passes_every_check(smoke: Any) -> None:
+    proc, report, out = smoke
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    failed = [c for c in report["checks"] if not c["ok"]]
+    assert report["ok"] and not failed and not report["failures"], failed
+    assert "PASS" in proc.stdout and str(out / "report.md") in proc.stdout
+
+
+def test_every_model_with_a_layer_ran(smoke: Any) -> None:
+    _, report, _ = smoke
+    linkerd_layer = importlib.util.find_spec("linkerd_api.service") is not None
+    expected = {"sotw", "delta"} | ({"linkerd"} if linkerd_layer else set())
+    assert set(report["models"]) == expected
+    assert set(report["run"]["skipped_models"]) == {"linkerd", "sotw", "delta"} - expected
+
+
+def test_client_bytes_equal_server_bytes_per_model(smoke: Any) -> None:
+    _, report, _ = smoke
+    for name, m in report["models"].items():
+        assert m["bytes"]["total"] == m["server"]["bytes"] > 0, name
+        assert m["messages"]["total"] == m["server"]["messages"] > 0, name
+        assert m["bytes"]["total"] == m["bytes"]["snapshot"] + m["bytes"]["churn"]
+        assert m["messages"]["total"] == m["messages"]["snapshot"] + m["messages"]["churn"]
+
+
+def test_message_counts_match_the_churn(smoke: Any) -> None:
+    _, report, _ = smoke
+    run = report["run"]
+    clients = report["scenario"]["clients"]
+    assert run["changes"] == report["scenario"]["churn"]["rate"] * report["scenario"]["duration"]
+    assert sum(run["changes_by_pattern"].values()) == run["changes"]
+    for name, m in report["models"].items():
+        v = m["versions"]
+        # smoke.yaml: 3 clients x 4 targets, spread over 12 services: every target is
+        # followed by exactly one client of each model.
+        assert m["subscriptions"] == clients[name] * clients["targets"] == \
+            run["targets_followed"]
+        assert v["due"] == run["truth_versions"] > 0
+        assert v["missing"] == 0
+        assert v["delivered"] + v["superseded"] + v["unchanged"] == v["due"]
+        assert m["latency_ms"]["count"] == v["delivered"]
+        assert 0 <= m["latency_ms"]["p50"] <= m["latency_ms"]["p99"] <= m["latency_ms"]["max"]
+        if name in ("sotw", "delta"):
+            # One snapshot message per client, then one resource per version delivered.
+            assert m["messages"]["snapshot"] == m["clients"]
+            assert m["messages"]["target_updates"] - m["subscriptions"] == v["delivered"]
+            assert m["streams"] == m["connections"] == m["clients"]
+        else:
+            assert m["streams"] == m["subscriptions"] and m["connections"] == m["clients"]
+            assert v["delivered"] <= m["messages"]["churn"] <= 2 * v["due"]
+        by_change = m["bytes"]["per_change"] * run["changes"]
+        assert by_change == pytest.approx(m["bytes"]["churn"])
+
+
+def test_the_kubernetes_side_adds_up(smoke: Any) -> None:
+    _, report, _ = smoke
+    k = report["kubernetes"]
+    for api in ("endpoints", "endpointslices"):
+        assert k[api]["churn_bytes"] == k[api]["churn_bytes_per_watcher"] * k["watchers"]
+        assert k[api]["events_per_watcher"] > 0
+    assert k["slices_to_endpoints"] == pytest.approx(
+        k["endpointslices"]["churn_bytes"] / k["endpoints"]["churn_bytes"])
+
+
+def test_the_report_has_its_tables_and_charts(smoke: Any) -> None:
+    _, report, out = smoke
+    md = (out / "report.md").read_text()
+    assert md.startswith("# meshbridge compare: smoke") and "**PASS**" in md
+    for title in (m["title"] for m in report["models"].values()):
+        assert title in md
+    for chart in ("latency_cdf.png", "bytes_per_change.png", "cumulative_bytes.png"):
+        data = (out / chart).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, chart
+        assert f"]({chart})" in md
+
+
+STATIC = """
+name: static
+seed: 4
+cluster: {services: 3, endpoints_per_service: 4}
+churn: {rate: 0}
+duration: 1
+clients: {linkerd: 1, sotw: 2, delta: 1, targets: 2}
+"""
+
+
+async def test_a_divergence_fails_naming_the_client_and_the_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    real = compare_truth.truth_state
+
+    def wrong(snapshot: Any) -> State:
+        state = real(snapshot)
+        # The truth says svc-1 lost an endpoint that the clients (rightly) still hold.
+        if any(r.endpoint.id.name.startswith("svc-1-") for r in snapshot.values()):
+            return frozenset(sorted(state)[1:])
+        return state
+
+    monkeypatch.setattr(compare_truth, "truth_state", wrong)
+    cs = parse_compare_scenario(STATIC, "static")
+    status = await compare(cs, tmp_path, RunOptions(settle_timeout=10), live=False,
+                           with_charts=False)
+    assert status == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    bad = {(f["client"], f["target"]) for f in report["failures"]}
+    target = "svc-1.ns-0.svc.cluster.local:8080"
+    # Client 0 of each model follows svc-0 and svc-1; sotw-1 follows svc-2 and svc-0.
+    assert bad == {("sotw-0", target), ("delta-0", target)}
+    detail = report["failures"][0]["detail"]
+    assert "holds 4 endpoints, truth has 3" in detail and "unexpected 10." in detail
+    out = capsys.readouterr().out
+    assert "FAIL" in out and f"DIVERGENCE: sotw-0 {target}" in out
