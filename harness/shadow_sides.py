@@ -120,37 +120,9 @@ class LinkerdSide:
             await asyncio.Event().wait()  # until cancelled by the owner
 
     async def _follow(self, target: str) -> None:
-        loop = asyncio.get_running_loop()
         backoff = Backoff(self._retry.low, self._retry.high)
         while True:
-            heard = False
-            existed = False
-
-            def observe(r: Received) -> None:
-                nonlocal heard, existed
-                heard = True
-                silence.cancel()
-                st = client.state[target]
-                if r.kind == "no_endpoints":
-                    self.semantics.add("proto")
-                    signal = NO_ENDPOINTS if st.exists else ABSENT
-                elif st.endpoints:
-                    signal = ENDPOINTS
-                else:
-                    signal = REMOVED_ALL
-                existed = existed or signal in (ENDPOINTS, NO_ENDPOINTS)
-                self.sink(target, Answer(signal, st.state(), existed=existed))
-
-            def silent() -> None:
-                if not heard:
-                    self.sink(target, Answer(SILENT))
-
-            client = LinkerdClient(self.channel, [target], token=self.token, observe=observe)
-            silence = loop.call_later(self.settle, silent)
-            try:
-                status = await _ended(client.run()) or client.state[target].status
-            finally:
-                silence.cancel()
+            status, heard = await self._attempt(target)
             code = status.split(":", 1)[0]
             if code == "NOT_FOUND":
                 self.semantics.add("linkerd-2.20")
@@ -162,6 +134,39 @@ class LinkerdSide:
             if heard:
                 backoff.reset()
             await asyncio.sleep(backoff.next())  # reconnect delay, not synchronisation
+
+    async def _attempt(self, target: str) -> tuple[str, bool]:
+        """One Get stream, until it ends: its status, and whether it said anything."""
+        heard = False
+        existed = False
+
+        def observe(r: Received) -> None:
+            nonlocal heard, existed
+            heard = True
+            silence.cancel()
+            st = client.state[target]
+            if r.kind == "no_endpoints":
+                self.semantics.add("proto")
+                signal = NO_ENDPOINTS if st.exists else ABSENT
+            elif st.endpoints:
+                signal = ENDPOINTS
+            else:
+                signal = REMOVED_ALL
+            existed = existed or signal in (ENDPOINTS, NO_ENDPOINTS)
+            self.sink(target, Answer(signal, st.state(), existed=existed))
+
+        def silent() -> None:
+            # linkerd-2.20 sends nothing for a service without endpoints (§2.5).
+            if not heard:
+                self.sink(target, Answer(SILENT))
+
+        client = LinkerdClient(self.channel, [target], token=self.token, observe=observe)
+        silence = asyncio.get_running_loop().call_later(self.settle, silent)
+        try:
+            status = await _ended(client.run()) or client.state[target].status
+        finally:
+            silence.cancel()
+        return status, heard
 
 
 class XdsSide:
@@ -240,55 +245,61 @@ class XdsSide:
 
     async def run(self) -> None:
         backoff = Backoff(self._retry.low, self._retry.high)
-        loop = asyncio.get_running_loop()
         while True:
             if not self.targets:
                 await self._resubscribe.wait()
             self._resubscribe.clear()
-            names = list(dict.fromkeys(self.resource_name(t) for t in self.targets))
-            heard = False
-
-            def observe(r: Received, names: list[str] = names) -> None:
-                nonlocal heard
-                heard = True
-                for name, state in r.states:
-                    st = client.state.get(name)
-                    signal = (REMOVED if st is not None and st.exists is False
-                              else ENDPOINTS if state else EMPTY)
-                    for t in self._by_name.get(name, ()):
-                        self._set(t, Answer(signal, state))
-
-            def unanswered() -> None:
-                # xDS §1.7: SotW has no "does not exist"; a client gives up waiting.
-                for name in names:
-                    if name not in client.received:
-                        for t in self._by_name.get(name, ()):
-                            self._set(t, Answer(NO_ANSWER))
-
-            client = XdsClient(self.channel, names, delta=self.delta, node_id=self.node_id,
-                               observe=observe, zone=self.zone, normalize=self._normalize)
-            timer = loop.call_later(self.settle, unanswered)
-            stream = asyncio.create_task(_ended(client.run()))
-            again = asyncio.create_task(self._resubscribe.wait())
-            try:
-                await asyncio.wait({stream, again}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                timer.cancel()
-                again.cancel()
-                if not stream.done():
-                    await client.close()
-                    stream.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stream
-            if self._resubscribe.is_set():
-                continue
-            status = stream.result() or client.status
+            status, heard = await self._attempt()
+            if status is None:
+                continue  # new targets: subscribe again at once
             if status.split(":", 1)[0] != "OK":
                 for t in self.targets:
                     self._set(t, Answer(ERROR, status=status))
             if heard:
                 backoff.reset()
             await asyncio.sleep(backoff.next())  # reconnect delay, not synchronisation
+
+    async def _attempt(self) -> tuple[str | None, bool]:
+        """One ADS stream for every target, until it ends (its status) or the targets
+        change (None); and whether it said anything."""
+        names = list(dict.fromkeys(self.resource_name(t) for t in self.targets))
+        heard = False
+
+        def observe(r: Received) -> None:
+            nonlocal heard
+            heard = True
+            for name, state in r.states:
+                st = client.state.get(name)
+                signal = (REMOVED if st is not None and st.exists is False
+                          else ENDPOINTS if state else EMPTY)
+                for t in self._by_name.get(name, ()):
+                    self._set(t, Answer(signal, state))
+
+        def unanswered() -> None:
+            # xDS §1.7: SotW has no "does not exist"; a client gives up waiting.
+            for name in names:
+                if name not in client.received:
+                    for t in self._by_name.get(name, ()):
+                        self._set(t, Answer(NO_ANSWER))
+
+        client = XdsClient(self.channel, names, delta=self.delta, node_id=self.node_id,
+                           observe=observe, zone=self.zone, normalize=self._normalize)
+        timer = asyncio.get_running_loop().call_later(self.settle, unanswered)
+        stream = asyncio.create_task(_ended(client.run()))
+        again = asyncio.create_task(self._resubscribe.wait())
+        try:
+            await asyncio.wait({stream, again}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            again.cancel()
+            if not stream.done():
+                await client.close()
+                stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stream
+        if self._resubscribe.is_set():
+            return None, heard
+        return stream.result() or client.status, heard
 
 
 class ClusterWatch:

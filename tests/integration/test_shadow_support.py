@@ -121,6 +121,9 @@ class ShadowRun:
         return [e for e in self.lines() if e["event"] == "target"
                 and (target is None or e["target"] == target)]
 
+    def agreed(self, target: str) -> list[dict[str, Any]]:
+        return [e for e in self.events(target) if e["status"] == "equal"]
+
     def latest(self) -> dict[str, dict[str, Any]]:
         return {e["target"]: e for e in self.events()}
 

@@ -11,6 +11,7 @@ import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,7 @@ async def test_reports_exactly_the_planted_differences_and_their_removal(
     restore(theirs_dir, demo_dir, "10-emojivoto.yaml")
     restore(theirs_dir, demo_dir, "20-shop.yaml")
     for target in (WEB, CACHE):
-        agreed = await run.until(
-            lambda t=target: [e for e in run.events(t) if e["status"] == "equal"],
-            f"{target} agrees again")
+        agreed = await run.until(partial(run.agreed, target), f"{target} agrees again")
         assert agreed[-1]["time_to_agree_ms"] > 0
         # (xDS: CDS and EDS are two streams; one may land a moment before the other.)
         assert agreed[-1]["previous"] in ("differs", "missing", "converging")
