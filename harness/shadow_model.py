@@ -93,7 +93,8 @@ class Answer:
         if self.signal in (ERROR, NOT_FOUND):
             return self.status or self.signal
         if self.signal == ENDPOINTS:
-            return f"{len(self.endpoints)} endpoints"
+            n = len(self.endpoints)
+            return f"{n} endpoint{'' if n == 1 else 's'}"
         if self.signal == EMPTY:
             return {True: "empty (cluster exists)", False: "empty (no cluster)",
                     None: "empty"}[self.exists]

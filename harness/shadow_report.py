@@ -35,6 +35,28 @@ STATUS_ORDER = (DIFFERS, MISSING, ERROR, CONVERGING, PENDING, SEMANTICS, EQUAL)
 SHOWN_DIFFERENCES = 4  # per target in the table and lines; JSON carries them all
 
 
+@dataclass(frozen=True, slots=True)
+class Unagreed:
+    target: str
+    status: str
+    differences: tuple[Difference, ...]
+    ours: str
+    theirs: str
+    missing_on: str = ""
+
+    def headline(self) -> str:
+        status = f"missing on {self.missing_on}" if self.missing_on else self.status
+        return f"{status:<10} {self.target}  (ours: {self.ours}; theirs: {self.theirs})"
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"target": self.target, "status": self.status,
+                               "ours": self.ours, "theirs": self.theirs}
+        if self.missing_on:
+            out["missing_on"] = self.missing_on
+        out["differences"] = [d.as_json() for d in self.differences]
+        return out
+
+
 @dataclass(slots=True)
 class Summary:
     api: str
@@ -45,7 +67,7 @@ class Summary:
     counts: dict[str, int]
     fields: tuple[str, ...]
     notes: list[str]
-    unagreed: list[tuple[str, str, tuple[Difference, ...], str, str]]
+    unagreed: list[Unagreed]
     agreements: list[float] = field(default_factory=list)
     strict_semantics: bool = False
 
@@ -75,9 +97,7 @@ class Summary:
             "counts": self.counts, "fields": list(self.fields), "notes": self.notes,
             "time_to_agree": self.time_to_agree(), "ok": self.ok,
             "exit_status": self.exit_code,
-            "unagreed": [{"target": t, "status": s, "ours": o, "theirs": th,
-                          "differences": [d.as_json() for d in diffs]}
-                         for t, s, diffs, o, th in self.unagreed],
+            "unagreed": [u.as_json() for u in self.unagreed],
         }
 
     def lines(self) -> list[str]:
@@ -91,9 +111,10 @@ class Summary:
             out.append(f"time to agree after a change: {tta['count']} times, "
                        f"p50 {tta['p50_ms']} ms, p95 {tta['p95_ms']} ms, "
                        f"max {tta['max_ms']} ms")
-        for target, status, diffs, ours, theirs in self.unagreed:
-            out.append(f"  {status:<10} {target}  (ours: {ours}; theirs: {theirs})")
-            out.extend(f"               {d.text()}" for d in diffs)
+        for u in self.unagreed:
+            out.append(f"  {u.headline()}")
+            if u.status in (DIFFERS, PENDING):
+                out.extend(f"               {d.text()}" for d in u.differences)
         out.append("result: " + ("every target agrees" if self.ok else
                                  "targets disagree" if self.targets else "no targets"))
         return out
@@ -109,8 +130,9 @@ def summarize(tracker: Tracker, *, api: str, ours: str, theirs: str, duration: f
         counts[status] = counts.get(status, 0) + 1
         agreements.extend(rec.agreed_after)
         if not rec.verdict.agrees or (strict_semantics and status == SEMANTICS):
-            unagreed.append((rec.target, status, rec.verdict.differences,
-                             rec.ours.describe(), rec.theirs.describe()))
+            unagreed.append(Unagreed(rec.target, status, rec.verdict.differences,
+                                     rec.ours.describe(), rec.theirs.describe(),
+                                     rec.verdict.missing_on))
     return Summary(api, ours, theirs, duration, len(tracker.records), counts, tracker.fields,
                    notes, unagreed, agreements, strict_semantics)
 
@@ -122,6 +144,8 @@ def _event_text(ev: Event) -> str:
         text += f"  agreed after {ev.time_to_agree * 1000:.0f} ms"
     elif ev.status == CONVERGING:
         text += f"  ({ev.changed} changed)"
+    if ev.status == MISSING:
+        text += f"  missing on {ev.missing_on}"
     if ev.status in (MISSING, ERROR, SEMANTICS):
         text += f"  (ours: {ev.ours}; theirs: {ev.theirs})"
     diffs = list(ev.differences)
@@ -250,7 +274,13 @@ class LiveReport:
             more = len(rec.verdict.differences) - SHOWN_DIFFERENCES
             if more > 0:
                 diffs.append(f"... {more} more")
-            if rec.shown in (EQUAL, PENDING):
+            if rec.shown == MISSING:
+                diffs = [f"missing on {rec.verdict.missing_on}"]
+            elif rec.shown == ERROR:
+                diffs = ["no answer from " + " and ".join(
+                    side for side, a in (("ours", rec.ours), ("theirs", rec.theirs))
+                    if a.signal == ERROR)]
+            elif rec.shown in (EQUAL, PENDING, CONVERGING):
                 diffs = []
             style = _STYLES.get(rec.shown, "")
             table.add_row(rec.target, f"[{style}]{rec.shown}[/]", rec.ours.describe(),

@@ -75,7 +75,7 @@ async def test_reports_exactly_the_planted_differences_and_their_removal(
                            "ours": IDENTITY.format(sa="web"),
                            "theirs": IDENTITY.format(sa="web-v2")}]),
         BILLING: ("differs", [{"kind": "only-theirs", "endpoint": extra_ep}]),
-        CACHE: ("missing", [{"kind": "missing", "ours": "1 endpoints",
+        CACHE: ("missing", [{"kind": "missing", "ours": "1 endpoint",
                              "theirs": "empty (no cluster)"}]),
     }
     assert latest[CACHE]["missing_on"] == "theirs"
