@@ -7,7 +7,8 @@ the emission time of the change that caused it), the latency of one client is th
 time from that emission to the first message after which the client's state for
 the target equals that version's state. Matching walks each (client, target)
 stream in order and takes, for each message, the latest version emitted before the
-message was decoded whose state the client now holds, never going back:
+message was decoded whose state the client now holds, never going back (see
+`match_stream`):
 
 * a version the client passed over because a later one superseded it (the server
   coalesced them) is *superseded*, not late;
@@ -30,7 +31,6 @@ from harness.compare_truth import INITIAL, Emission, TruthVersion
 
 # One decoded message, as the worker records it.
 Record = Sequence[Any]  # [model, client, at_ns, size, kind, [[target, digest], ...]]
-MAX_SCAN = 100_000  # versions scanned back per message: bounds a pathological run
 
 
 @dataclass(slots=True)
@@ -43,39 +43,51 @@ class StreamMatch:
     missing: int = 0
     unchanged: int = 0
     intermediate: int = 0
+    repeats: int = 0  # updates that left the client on the version it held
     # per update, the version index it reached (None: intermediate)
     reached: list[int | None] = field(default_factory=list)
 
 
 def match_stream(versions: Sequence[TruthVersion],
                  updates: Sequence[tuple[int, str]]) -> StreamMatch:
-    """Match one stream's updates (decode time, address digest), in order."""
+    """Match one stream's updates (decode time, address digest), in order.
+
+    Each update is assigned the *latest* version it can stand for: one emitted
+    before it was decoded, with its state, and no later than what the updates
+    after it are assigned (a backward pass). Taking the latest keeps a slow client
+    from being charged from an older version whose state happened to recur (a pod
+    flapping, a zone coming back); bounding by the next update keeps every update
+    that can be explained explained."""
     out = StreamMatch()
     emitted = [v.at_ns for v in versions]
+    by_digest: dict[str, list[int]] = defaultdict(list)
+    for index, v in enumerate(versions):
+        by_digest[v.digest].append(index)
+    assigned: list[int | None] = [None] * len(updates)
+    bound = len(versions) - 1
+    for i in range(len(updates) - 1, -1, -1):
+        at, d = updates[i]
+        limit = min(bound, bisect.bisect_right(emitted, at) - 1)
+        candidates = by_digest.get(d, ())
+        pos = bisect.bisect_right(candidates, limit) - 1
+        if pos >= 0:
+            assigned[i] = candidates[pos]
+            bound = candidates[pos]
     current = -1
-    first_reach: dict[int, int] = {}
-    for at, d in updates:
-        j = bisect.bisect_right(emitted, at) - 1
-        found: int | None = None
-        low = max(current, 0, j - MAX_SCAN)
-        for k in range(j, low - 1, -1):
-            if versions[k].digest == d:
-                found = k
-                break
-        out.reached.append(found)
-        if found is None:
+    for (at, _), k in zip(updates, assigned, strict=True):
+        out.reached.append(k)
+        if k is None:
             out.intermediate += 1
-            continue
-        if found > current:
-            for k in range(current + 1, found):
-                if versions[k].change != INITIAL:
+        elif k == current:
+            out.repeats += 1
+        else:
+            for skipped in range(current + 1, k):
+                if versions[skipped].change != INITIAL:
                     out.superseded += 1
-            first_reach[found] = at
-            current = found
-    for k, at in first_reach.items():
-        if versions[k].change != INITIAL:
-            out.delivered += 1
-            out.latencies_ns.append(max(0, at - versions[k].at_ns))
+            if versions[k].change != INITIAL:
+                out.delivered += 1
+                out.latencies_ns.append(max(0, at - versions[k].at_ns))
+            current = k
     held = versions[current].digest if current >= 0 else None
     for k in range(current + 1, len(versions)):
         if versions[k].change == INITIAL:
@@ -121,6 +133,7 @@ class ModelFigures:
     missing: int = 0
     unchanged: int = 0
     intermediate: int = 0
+    repeats: int = 0
     versions_due: int = 0  # churn versions of the targets each client follows, summed
     bytes_by_change: dict[int, float] = field(default_factory=dict)
     messages_by_change: dict[int, float] = field(default_factory=dict)
@@ -175,6 +188,7 @@ def analyse(
         f.missing += m.missing
         f.unchanged += m.unchanged
         f.intermediate += m.intermediate
+        f.repeats += m.repeats
         pending: list[int] = []
         for (_, _, idx), k in zip(ups, m.reached, strict=True):
             if k is None:

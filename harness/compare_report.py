@@ -85,7 +85,8 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
             "latency_ms": latency_summary(f.latencies_ns),
             "versions": {"due": f.versions_due, "delivered": f.delivered,
                          "superseded": f.superseded, "unchanged": f.unchanged,
-                         "missing": f.missing, "intermediate_messages": f.intermediate},
+                         "missing": f.missing, "intermediate_messages": f.intermediate,
+                         "repeated_updates": f.repeats},
             "memory": {"rss_bytes": mem.get("rss", 0), "heap_bytes": mem.get("heap", -1),
                        "heap_per_client": _per(mem.get("heap", 0), f.clients),
                        "heap_per_subscription": _per(mem.get("heap", 0), f.subscriptions)},
@@ -123,6 +124,7 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
             "settle_seconds": (run.settled_ns - run.churn_end_ns) / 1e9,
             "settled": run.settled,
             "skipped_models": dict(run.skipped),
+            "broken_layers": dict(run.broken),
         },
         "models": models,
         "server": {
@@ -218,6 +220,9 @@ def checks(fig: Mapping[str, Any], run: Run) -> list[dict[str, Any]]:
                       not dis, "; ".join(dis[:3])))
     out.append(_check("the clients went quiet before the settle deadline",
                       fig["run"]["settled"]))
+    broken = fig["run"].get("broken_layers", {})
+    out.append(_check("every protocol layer started", not broken,
+                      "; ".join(f"{k}: {v}" for k, v in broken.items())))
     for name, m in models.items():
         if name == "envoy":
             continue
@@ -248,7 +253,9 @@ def checks(fig: Mapping[str, Any], run: Run) -> list[dict[str, Any]]:
                               churn_updates == v["delivered"]
                               and v["intermediate_messages"] == 0,
                               f"{churn_updates} updates during the churn, "
-                              f"{v['delivered']} versions delivered"))
+                              f"{v['delivered']} versions delivered, "
+                              f"{v['repeated_updates']} repeated, "
+                              f"{v['intermediate_messages']} matching no version"))
         else:
             lo, hi = v["delivered"], 2 * (v["delivered"] + v["superseded"]) + v["unchanged"]
             out.append(_check(f"{name}: messages match the churn (one or two Updates, add "

@@ -39,6 +39,7 @@ from bridge.model import MeshConfig
 from bridge.sources.sim import SimSource
 from harness.compare_scenario import MODELS, CompareScenario
 from harness.compare_truth import TruthRecorder
+from harness.compare_wire import CountingServer, WireCounter
 
 log = structlog.get_logger("meshbridge.compare")
 
@@ -46,7 +47,8 @@ log = structlog.get_logger("meshbridge.compare")
 PROTOCOL_LAYERS = ("linkerd_api.service", "xds_api.service")
 MODEL_LAYER = {"linkerd": "linkerd_api.service", "sotw": "xds_api.service",
                "delta": "xds_api.service"}
-STREAM_MODEL = {"linkerd-get": "linkerd"}  # xDS streams are told apart by node id
+STREAM_MODEL = {"linkerd-get": "linkerd"}
+LINKERD_GET = "/io.linkerd.proxy.destination.Destination/Get"  # xDS streams are told apart by node id
 
 
 class RunError(RuntimeError):
@@ -84,6 +86,8 @@ class Run:
     cs: CompareScenario
     models: tuple[str, ...] = ()
     skipped: dict[str, str] = field(default_factory=dict)  # model -> why
+    broken: dict[str, str] = field(default_factory=dict)  # layer module -> its error
+    wire: WireCounter = field(default_factory=lambda: WireCounter(frozenset({LINKERD_GET})))
     truth: TruthRecorder = field(default_factory=TruthRecorder)
     phase: str = "starting"
     churn_start_ns: int = 0
@@ -122,7 +126,11 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def load_layers() -> tuple[list[ProtocolLayer], set[str]]:
+def load_layers(broken: dict[str, str] | None = None, wire: WireCounter | None = None,
+                ) -> tuple[list[ProtocolLayer], set[str]]:
+    """The protocol layers `serve` would mount. A layer that fails to register is
+    left out and the reason put in `broken` (module -> error), so the other models
+    still run and the report says why one did not."""
     layers: list[ProtocolLayer] = []
     present: set[str] = set()
     for module in PROTOCOL_LAYERS:
@@ -134,13 +142,28 @@ def load_layers() -> tuple[list[ProtocolLayer], set[str]]:
             raise
         register = getattr(mod, "register", None)
         if register is not None:
-            layers.append(register)
+            counted = wire if module == MODEL_LAYER["linkerd"] else None
+            layers.append(_guarded(module, register, broken if broken is not None else {},
+                                   counted))
             present.add(module)
     return layers, present
 
 
-def server_counts(app: App) -> dict[str, ServerCounts]:
-    """Per model, from the streams the protocol layers registered."""
+def _guarded(module: str, register: ProtocolLayer, broken: dict[str, str],
+             wire: WireCounter | None) -> ProtocolLayer:
+    def layer(app: App, server: Any) -> None:
+        try:
+            register(app, CountingServer(server, wire) if wire is not None else server)
+        except Exception as e:
+            log.error("protocol layer failed to start", layer=module, error=repr(e))
+            broken[module] = f"{type(e).__name__}: {e}"
+
+    return layer
+
+
+def server_counts(app: App, wire: WireCounter | None = None) -> dict[str, ServerCounts]:
+    """Per model, from the streams the protocol layers registered; for a layer that
+    registers none, from what `wire` counted at its handlers."""
     out: dict[str, ServerCounts] = {}
     peers: dict[str, set[str]] = {}
     for info in app.streams.all():
@@ -154,6 +177,14 @@ def server_counts(app: App) -> dict[str, ServerCounts]:
         c.messages += info.messages_sent
         c.bytes += info.bytes_sent
         peers.setdefault(model, set()).add(info.peer)
+    if wire is not None and "linkerd" not in out:
+        for ws in wire.streams:
+            c = out.setdefault("linkerd", ServerCounts())
+            c.messages += ws.messages
+            c.bytes += ws.bytes
+            if ws.open:
+                c.streams += 1
+                peers.setdefault("linkerd", set()).add(ws.peer)
     for model, ps in peers.items():
         out[model].connections = len(ps)
     return out
@@ -232,7 +263,7 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
               extra_clients: Callable[[Run, int], Any] | None = None) -> Run:
     """Carry out one run; raises RunError if it cannot."""
     r = Run(cs)
-    layers, present = load_layers()
+    layers, present = load_layers(r.broken, r.wire)
     wanted = [m for m in MODELS if cs.clients.count(m) > 0]
     for m in wanted:
         if MODEL_LAYER[m] not in present:
@@ -241,8 +272,8 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
     if not r.models:
         raise RunError("no protocol layer serves the scenario's clients: "
                        + "; ".join(f"{m}: {why}" for m, why in r.skipped.items()))
-    specs = [s for s in cs.client_specs(r.models)]
-    streams = sum(len(s.targets) if s.model == "linkerd" else 1 for s in specs)
+    all_specs = cs.client_specs(r.models)
+    streams = sum(len(s.targets) if s.model == "linkerd" else 1 for s in all_specs)
     start_churn = asyncio.Event()
     source = SimSource(cs.scenario, on_emit=r.truth.on_emit, start_churn=start_churn)
     limits = Limits(max_streams_per_client=max(Limits().max_streams_per_client,
@@ -256,6 +287,13 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         progress.phase("starting meshbridge")
         await app.start()
         r.grpc_port = app.grpc_port
+        for m in r.models:
+            if MODEL_LAYER[m] in r.broken:
+                r.skipped[m] = f"{MODEL_LAYER[m]} failed to start: {r.broken[MODEL_LAYER[m]]}"
+        r.models = tuple(m for m in r.models if m not in r.skipped)
+        if not r.models:
+            raise RunError("no protocol layer started: " + "; ".join(r.broken.values()))
+        specs = cs.client_specs(r.models)
         r.truth.follow(app.views, cs.followed_targets())
         config = out / "clients.json"
         results = out / "client-results.json"
@@ -299,7 +337,7 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
             if time.monotonic() > churn_deadline:
                 raise RunError("the churn did not finish in time")
             r.client_counts = worker.counts
-            r.live_server = server_counts(app)
+            r.live_server = server_counts(app, r.wire)
             progress.tick(r)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(source.finished.wait(), 0.5)
@@ -314,7 +352,7 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         r.cpu_seconds = time.process_time() - cpu0
         r.cpu_user = ru1.ru_utime - ru0.ru_utime
         r.cpu_system = ru1.ru_stime - ru0.ru_stime
-        r.server = server_counts(app)
+        r.server = server_counts(app, r.wire)
         r.rss_end = rss_bytes()
 
         r.phase = "collecting"
@@ -343,7 +381,7 @@ async def _settle(app: App, worker: WorkerProcess, r: Run, options: RunOptions,
     last: object = None
     still_since = time.monotonic()
     while time.monotonic() < deadline:
-        r.live_server = server_counts(app)
+        r.live_server = server_counts(app, r.wire)
         server = {m: [c.messages, c.bytes] for m, c in r.live_server.items()}
         clients = {m: list(v) for m, v in worker.counts.items()}
         r.client_counts = clients

@@ -150,6 +150,19 @@ def test_a_state_seen_before_is_not_mistaken_for_an_old_version() -> None:
     assert m.reached == [0, 1, 2, 3]
 
 
+def test_a_lagging_client_on_a_flapping_pod_is_matched_version_for_version() -> None:
+    flap = [v(1, INITIAL, 0, "A"), v(2, 0, 100, "B"), v(3, 1, 200, "A"), v(4, 2, 300, "B"),
+            v(5, 3, 400, "A")]
+    m = match_stream(flap, [(10, "A"), (450, "B"), (460, "A"), (470, "B"), (480, "A")])
+    assert m.reached == [0, 1, 2, 3, 4] and m.intermediate == 0
+    assert m.latencies_ns == [350, 260, 170, 80]
+
+
+def test_a_repeated_state_is_a_repeat_not_a_new_version() -> None:
+    m = match_stream(VERSIONS, [(10, "A"), (150, "B"), (160, "B")])
+    assert m.reached == [0, 1, 1] and m.repeats == 1 and m.delivered == 1
+
+
 def test_a_half_applied_diff_is_intermediate_and_charged_to_its_version() -> None:
     m = match_stream(VERSIONS, [(10, "A"), (120, "A+B"), (130, "B")])
     assert m.intermediate == 1 and m.reached == [0, None, 1]
