@@ -21,6 +21,7 @@ from typing import Any
 
 from bridge.log import configure_logging
 from bridge.sources.sim import ScenarioError
+from harness.compare_envoy import EnvoyError, EnvoyFleet
 from harness.compare_run import Run, RunError, RunOptions
 from harness.compare_scenario import (
     MODEL_TITLES,
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     envoy = None
     if args.envoy:
-        from harness.compare_envoy import EnvoyError, EnvoyFleet
+        from harness.compare_envoy import EnvoyFleet
 
         try:
             envoy = EnvoyFleet.check(args.envoy, cs, out)
@@ -87,17 +88,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def compare(cs: CompareScenario, out: Path, options: RunOptions, live: bool,
-                  envoy: Any = None, with_charts: bool = True) -> int:
+                  envoy: EnvoyFleet | None = None, with_charts: bool = True) -> int:
     from harness import compare_report, compare_run
 
     view = LiveView(cs) if live else PlainView()
-    extra = envoy.attach if envoy is not None else None
     try:
         with view:
-            r = await compare_run.run(cs, out, options, view, extra)
-            if envoy is not None:
-                await envoy.collect(r)
-    except RunError as e:
+            r = await compare_run.run(cs, out, options, view, envoy)
+    except (RunError, EnvoyError) as e:
         print(f"meshbridge compare: {e}", file=sys.stderr)
         return EXIT_FAILED
     finally:

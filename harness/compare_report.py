@@ -223,6 +223,15 @@ def checks(fig: Mapping[str, Any], run: Run) -> list[dict[str, Any]]:
     broken = fig["run"].get("broken_layers", {})
     out.append(_check("every protocol layer started", not broken,
                       "; ".join(f"{k}: {v}" for k, v in broken.items())))
+    env = fig.get("envoy")
+    if env is not None:
+        bad = [p["name"] for p in env["proxies"] if not p["matches"]]
+        rejected = sum(p["update_rejected"] + p["cds_update_rejected"] for p in env["proxies"])
+        out.append(_check("every Envoy ends on the source's truth for every service", not bad,
+                          f"{', '.join(bad)} differ" if bad else
+                          f"{len(env['proxies'])} Envoys x {env['targets']} services"))
+        out.append(_check("no Envoy rejected an update", rejected == 0,
+                          f"{rejected} rejected"))
     for name, m in models.items():
         if name == "envoy":
             continue
@@ -399,12 +408,19 @@ def markdown(fig: Mapping[str, Any]) -> str:
 
 
 def envoy_table(env: Mapping[str, Any]) -> str:
-    rows = ["| envoy | update_attempt | update_success | update_rejected | "
-            "endpoints at the end | matches the truth |", "|---|--:|--:|--:|--:|---|"]
+    rows = ["| Envoy | ADS | EDS update_attempt | update_success | update_rejected | "
+            "CDS update_success / rejected | endpoints at the end | the truth |",
+            "|---|---|--:|--:|--:|--:|--:|---|"]
     for e in env.get("proxies", []):
-        rows.append(f"| {e['name']} | {e['update_attempt']} | {e['update_success']} | "
-                    f"{e['update_rejected']} | {e['endpoints']} | "
-                    f"{'yes' if e['matches'] else 'no'} |")
+        rows.append(f"| {e['name']} | {e['api_type']} | {e['update_attempt']} | "
+                    f"{e['update_success']} | {e['update_rejected']} | "
+                    f"{e['cds_update_success']} / {e['cds_update_rejected']} | "
+                    f"{e['endpoints']} | {'yes' if e['matches'] else 'no: ' + ', '.join(e['wrong_targets'][:3])} |")  # noqa: E501
+    srv = env["server"]
+    rows += ["", f"The server sent the Envoys {srv['messages']:,} messages, "
+             f"{_fmt_bytes(srv['bytes'])}, over {srv['streams']} streams; each follows all "
+             f"{env['targets']} services (wildcard CDS, then EDS for every cluster). Update "
+             "counts are Envoy's own stats over the churn and settle."]
     return "\n".join(rows)
 
 

@@ -26,7 +26,6 @@ import resource
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,8 +46,8 @@ log = structlog.get_logger("meshbridge.compare")
 PROTOCOL_LAYERS = ("linkerd_api.service", "xds_api.service")
 MODEL_LAYER = {"linkerd": "linkerd_api.service", "sotw": "xds_api.service",
                "delta": "xds_api.service"}
-STREAM_MODEL = {"linkerd-get": "linkerd"}
-LINKERD_GET = "/io.linkerd.proxy.destination.Destination/Get"  # xDS streams are told apart by node id
+STREAM_MODEL = {"linkerd-get": "linkerd"}  # xDS streams are told apart by node id
+LINKERD_GET = "/io.linkerd.proxy.destination.Destination/Get"
 
 
 class RunError(RuntimeError):
@@ -61,6 +60,15 @@ class RunOptions:
     settle_timeout: float = 30.0
     quiet: float = 0.5
     trace_memory: bool = True
+
+
+class ExtraClients(Protocol):
+    """Clients started by someone else (real Envoys): `attach` once the measuring
+    clients hold their snapshots, `collect` after the settle, server still up."""
+
+    async def attach(self, run: Run, app: App) -> None: ...
+
+    async def collect(self, run: Run, app: App) -> None: ...
 
 
 class Progress(Protocol):
@@ -260,7 +268,7 @@ class WorkerProcess:
 
 
 async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Progress,
-              extra_clients: Callable[[Run, int], Any] | None = None) -> Run:
+              extra: ExtraClients | None = None) -> Run:
     """Carry out one run; raises RunError if it cannot."""
     r = Run(cs)
     layers, present = load_layers(r.broken, r.wire)
@@ -319,13 +327,18 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
             r.connect[model] = reply
             r.memory[model] = {"rss": rss_bytes() - before_rss,
                                "heap": _heap() - before_heap if options.trace_memory else -1}
-            if reply.get("error_count") or reply.get("missing_count"):
-                raise RunError(f"{model} clients did not all get their initial snapshot: "
-                               + "; ".join(reply.get("errors", []) + reply.get("missing", [])))
+            bad = reply.get("error_count", 0) + reply.get("missing_count", 0)
+            if bad:
+                shown = (reply.get("errors", []) + reply.get("missing", []))[:3]
+                raise RunError(f"{model}: {bad} streams did not get their initial snapshot "
+                               f"within {options.connect_timeout:g}s, e.g. "
+                               + "; ".join(shown))
         if options.trace_memory:
             tracemalloc.stop()
-        if extra_clients is not None:
-            await extra_clients(r, app.grpc_port)
+        if extra is not None:
+            r.phase = "starting the extra clients"
+            progress.phase(r.phase)
+            await extra.attach(r, app)
 
         r.phase = "churn"
         progress.phase(f"churn: {cs.scenario.churn.rate:g} changes/s for {cs.duration:g}s")
@@ -354,6 +367,8 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         r.cpu_system = ru1.ru_stime - ru0.ru_stime
         r.server = server_counts(app, r.wire)
         r.rss_end = rss_bytes()
+        if extra is not None:
+            await extra.collect(r, app)
 
         r.phase = "collecting"
         progress.phase("collecting what the clients received")
