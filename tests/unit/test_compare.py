@@ -243,3 +243,54 @@ def test_the_replay_is_the_same_churn_as_the_run() -> None:
     a = kube_side(scenario, 20, 1)
     b = kube_side(scenario, 20, 1)
     assert a.patterns == b.patterns and a.slices_by_change == b.slices_by_change
+
+
+# ------------------------------------------------------------------ live view, wire counts
+
+
+def test_the_live_view_shows_each_model_and_the_churn() -> None:
+    import io
+
+    from rich.console import Console
+
+    from harness.compare import LiveView
+    from harness.compare_run import Run, ServerCounts
+
+    cs = parse_compare_scenario(BASE + "clients: {linkerd: 2, sotw: 1, delta: 0}\n")
+    view = LiveView(cs)
+    run = Run(cs)
+    run.truth.emissions.extend(Emission(i, "scale", i) for i in range(4))
+    run.live_server = {"linkerd": ServerCounts(2, 2, 7, 700)}
+    run.client_counts = {"linkerd": [7, 700]}
+    view.phase("churn")
+    view.tick(run)
+    text = io.StringIO()
+    Console(file=text, width=120, force_terminal=False).print(view._render())
+    out = text.getvalue()
+    assert "Linkerd Get" in out and "xDS SotW" in out and "delta" not in out
+    assert "7 msgs / 700 B" in out and "4/10 changes" in out
+
+
+async def test_the_wire_counter_counts_what_a_handler_writes() -> None:
+    from harness.compare_wire import WireCounter, _wrap_unary_stream
+
+    class Context:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def peer(self) -> str:
+            return "ipv4:127.0.0.1:5000"
+
+        async def write(self, message: bytes) -> None:
+            self.written.append(message)
+
+    async def handler(_request: object, context: Context) -> None:
+        await context.write(b"abc")
+        await context.write(b"de")
+
+    counter = WireCounter(frozenset({"/m"}))
+    ctx = Context()
+    await _wrap_unary_stream(handler, "/m", counter)(None, ctx)
+    (stream,) = counter.streams
+    assert (stream.messages, stream.bytes, stream.open) == (2, 5, False)
+    assert ctx.written == [b"abc", b"de"]
