@@ -9,6 +9,7 @@ import pytest
 
 from bridge.cli import main as cli_main
 from bridge.cluster import Event, EventType
+from bridge.objects import EndpointSlice
 from bridge.sources.sim import ScenarioError, SimCluster, parse_scenario
 from harness.compare_analysis import analyse, latency_summary, match_stream, percentile
 from harness.compare_kube import _Replay, endpoints_object, kube_side, slice_object
@@ -207,7 +208,7 @@ def test_endpoints_hold_every_address_and_slices_only_their_own() -> None:
                                                       "slice_size": 2}})
     sim = SimCluster(scenario)
     objs = sim.initial_objects()
-    slices = [o for o in objs if type(o).__name__ == "EndpointSlice"]
+    slices = [o for o in objs if isinstance(o, EndpointSlice)]
     assert len(slices) == 3
     ep = endpoints_object("ns-0", "svc-0", slices, {}, "9")
     assert len(ep["subsets"][0]["addresses"]) == 5
