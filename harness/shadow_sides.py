@@ -102,7 +102,10 @@ class LinkerdSide:
         return ALL_FIELDS  # a WeightedAddr carries every field (health: always HEALTHY)
 
     def note(self) -> str:
-        return ""
+        shown = {"proto": "proto semantics (it sent no_endpoints)",
+                 "linkerd-2.20": "linkerd-2.20 semantics (Get ended NOT_FOUND)"}
+        said = [shown[s] for s in sorted(self.semantics, reverse=True)]
+        return f"{self.name} answers in " + " and ".join(said) if said else ""
 
     def add(self, targets: Iterable[str]) -> None:
         for t in targets:

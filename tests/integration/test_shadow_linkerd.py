@@ -148,6 +148,9 @@ async def test_the_two_semantics_are_told_apart_from_endpoint_differences(
     assert rc == 1
     assert summary["counts"] == {"semantics": 3, "equal": 2, "differs": 1, "missing": 1,
                                  "error": 1}
+    assert summary["notes"] == [
+        "ours answers in proto semantics (it sent no_endpoints)",
+        "theirs answers in linkerd-2.20 semantics (Get ended NOT_FOUND)"]
 
 
 async def test_a_not_found_target_is_resubscribed_until_it_exists(tmp_path: Path) -> None:
