@@ -38,6 +38,7 @@ class StreamMatch:
     """The outcome of matching one (client, target) against the target's versions."""
 
     latencies_ns: list[int] = field(default_factory=list)
+    latency_changes: list[int] = field(default_factory=list)  # the change of each latency
     delivered: int = 0
     superseded: int = 0
     missing: int = 0
@@ -87,6 +88,7 @@ def match_stream(versions: Sequence[TruthVersion],
             if versions[k].change != INITIAL:
                 out.delivered += 1
                 out.latencies_ns.append(max(0, at - versions[k].at_ns))
+                out.latency_changes.append(versions[k].change)
             current = k
     held = versions[current].digest if current >= 0 else None
     for k in range(current + 1, len(versions)):
@@ -128,6 +130,7 @@ class ModelFigures:
     churn_bytes: int = 0
     target_updates: int = 0  # (message, target) pairs: one xDS response may carry many
     latencies_ns: list[int] = field(default_factory=list)
+    latencies_by_pattern: dict[str, list[int]] = field(default_factory=dict)
     delivered: int = 0
     superseded: int = 0
     missing: int = 0
@@ -176,6 +179,7 @@ def analyse(
 
     # Which changes each message served: from the versions its targets reached.
     served: dict[int, set[int]] = defaultdict(set)
+    pattern_of = {e.index: e.pattern for e in emissions}
     for (model, _client, target), ups in streams.items():
         versions = truth.get(target)
         if not versions:
@@ -183,6 +187,8 @@ def analyse(
         m = match_stream(versions, [(at, d) for at, d, _ in ups])
         f = figures[model]
         f.latencies_ns.extend(m.latencies_ns)
+        for change, ns in zip(m.latency_changes, m.latencies_ns, strict=True):
+            f.latencies_by_pattern.setdefault(pattern_of.get(change, "?"), []).append(ns)
         f.delivered += m.delivered
         f.superseded += m.superseded
         f.missing += m.missing

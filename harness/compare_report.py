@@ -83,6 +83,8 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
             "server": {"messages": server.messages if server else 0,
                        "bytes": server.bytes if server else 0},
             "latency_ms": latency_summary(f.latencies_ns),
+            "latency_ms_by_pattern": {p: latency_summary(ns) for p, ns in
+                                      sorted(f.latencies_by_pattern.items())},
             "versions": {"due": f.versions_due, "delivered": f.delivered,
                          "superseded": f.superseded, "unchanged": f.unchanged,
                          "missing": f.missing, "intermediate_messages": f.intermediate,
@@ -335,6 +337,13 @@ def pattern_table(fig: Mapping[str, Any]) -> str:
     for key, title in (("endpoints", "v1 Endpoints"), ("endpointslices", "EndpointSlices")):
         rows.append(f"| {title} x {k['watchers']} watchers | " + " | ".join(
             _fmt_bytes(k[key]["by_pattern"].get(p, 0)) for p in patterns) + " |")
+    rows += ["", "| latency p50 / p99 (ms) | " + " | ".join(patterns) + " |",
+             "|---|" + "--:|" * len(patterns)]
+    for m in fig["models"].values():
+        by = m["latency_ms_by_pattern"]
+        rows.append(f"| {m['title']} | " + " | ".join(
+            f"{_ms(by[p].get('p50'))} / {_ms(by[p].get('p99'))}" if p in by else "-"
+            for p in patterns) + " |")
     return "\n".join(rows)
 
 
@@ -537,6 +546,14 @@ def write(run: Run, out: Path, with_charts: bool = True) -> dict[str, Any]:
     (out / "report.json").write_text(json.dumps(fig, indent=1, default=_json_default) + "\n",
                                      encoding="utf-8")
     (out / "report.md").write_text(markdown(fig), encoding="utf-8")
+    # The raw truth beside the clients' raw records (client-results.json), so any
+    # figure can be recomputed.
+    (out / "truth.json").write_text(json.dumps({
+        "churn_start_ns": run.churn_start_ns,
+        "emissions": [[e.index, e.pattern, e.at_ns] for e in run.truth.emissions],
+        "versions": {t: [[v.version, v.change, v.at_ns, v.digest, v.endpoints] for v in vs]
+                     for t, vs in run.truth.versions.items()},
+    }, separators=(",", ":")), encoding="utf-8")
     if with_charts:
         charts(fig, run, out)
     return fig
