@@ -30,9 +30,47 @@ from typing import Any
 import grpc
 
 from harness.clients import LinkerdClient, Received, XdsClient
-from harness.normalize import NormalEndpoint, State, digest
+from harness.normalize import NormalEndpoint, State, digest, from_cla
 
 PROGRESS_PERIOD = 0.1
+CACHE_LIMIT = 4096
+
+
+class ClaStates:
+    """ClusterLoadAssignment -> state, shared by every xDS client of the process.
+
+    Each client still receives and parses its own messages; this only spares the
+    harness normalising the same resource once per client (a hundred clients of
+    one service get identical bytes), so that the client process, not the server,
+    is never what a latency measures. Keyed by the resource's bytes, so it cannot
+    return another resource's state."""
+
+    def __init__(self) -> None:
+        self._states: dict[bytes, State] = {}
+
+    def __call__(self, cla: Any) -> State:
+        key = cla.SerializeToString(deterministic=True)
+        state = self._states.get(key)
+        if state is None:
+            if len(self._states) >= CACHE_LIMIT:
+                self._states.clear()
+            state = self._states[key] = from_cla(cla)
+        return state
+
+
+class Digests:
+    """Address digests of states, remembered for states seen again."""
+
+    def __init__(self) -> None:
+        self._digests: dict[State, str] = {}
+
+    def __call__(self, state: State) -> str:
+        d = self._digests.get(state)
+        if d is None:
+            if len(self._digests) >= CACHE_LIMIT:
+                self._digests.clear()
+            d = self._digests[state] = digest(state)
+        return d
 
 
 def channel_options() -> list[tuple[str, Any]]:
@@ -73,10 +111,12 @@ class Worker:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     _last_progress: dict[str, list[int]] = field(default_factory=dict)
+    cla_states: ClaStates = field(default_factory=ClaStates)
+    digests: Digests = field(default_factory=Digests)
 
     def observe(self, r: Received) -> None:
         self.records.append([r.model, r.client, r.at_ns, r.size, r.kind,
-                             [[t, state_digest(s)] for t, s in r.states]])
+                             [[t, self.digests(s)] for t, s in r.states]])
         t = self.tallies.setdefault(r.model, Tally())
         t.messages += 1
         t.bytes += r.size
@@ -97,7 +137,7 @@ class Worker:
                 client = XdsClient(channel, spec["targets"], spec["index"],
                                    delta=model == "delta",
                                    node_id=f"compare-{model}-{spec['index']}",
-                                   observe=self.observe)
+                                   observe=self.observe, normalize=self.cla_states)
             mine.append(client)
             self.tasks.append(asyncio.create_task(client.run(), name=f"{model}-{spec['index']}"))
         self.clients.extend(mine)
