@@ -473,7 +473,7 @@ def charts(fig: Mapping[str, Any], run: Run, out: Path) -> list[Path]:
     for key, label in (("endpoints", "v1 Endpoints"), ("endpointslices", "EndpointSlices")):
         series.append((f"{label} x {k['watchers']} watchers", key,
                        [k[key]["by_pattern"].get(p, 0.0) for p in patterns]))
-    figure, ax = plt.subplots(figsize=(8, 4.2))
+    figure, ax = plt.subplots(figsize=(8, 4.8))
     width = 0.8 / max(1, len(series))
     for i, (label, key, values) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(patterns))]
@@ -486,7 +486,8 @@ def charts(fig: Mapping[str, Any], run: Run, out: Path) -> list[Path]:
     ax.set_ylabel("mean bytes per change, all clients (log)")
     ax.set_title(f"Bytes per change — {title}")
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
+              frameon=False)
     paths.append(_save(figure, out / CHARTS[1]))
 
     # Cumulative bytes over time since the churn started.
