@@ -24,13 +24,13 @@ from bridge.sources.sim import ScenarioError
 from harness.compare_envoy import EnvoyError, EnvoyFleet
 from harness.compare_run import Run, RunError, RunOptions
 from harness.compare_scenario import (
-    MODEL_TITLES,
     MODELS,
     CompareScenario,
     load_compare_scenario,
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+SHORT_TITLES = {"linkerd": "Linkerd Get", "sotw": "xDS SotW", "delta": "xDS delta"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,10 +189,13 @@ class LiveView:
         from rich.console import Group
         from rich.table import Table
 
+        from harness.compare_report import _fmt_bytes
+
         table = Table(title=f"meshbridge compare — {self.cs.scenario.name}: {self.phase_text}",
                       title_justify="left")
         for col in ("model", "clients", "streams", "sent (server)", "received (clients)"):
-            table.add_column(col, justify="left" if col == "model" else "right")
+            table.add_column(col, justify="left" if col == "model" else "right",
+                             no_wrap=True)
         r = self.run
         for m in MODELS:
             n = self.cs.clients.count(m)
@@ -201,9 +204,11 @@ class LiveView:
             server = r.live_server.get(m) if r is not None else None
             client = r.client_counts.get(m) if r is not None else None
             table.add_row(
-                MODEL_TITLES[m], str(n), str(server.streams) if server else "-",
-                f"{server.messages:,} msgs / {server.bytes:,} B" if server else "-",
-                f"{client[0]:,} msgs / {client[1]:,} B" if client else "-")
+                SHORT_TITLES[m], str(n), str(server.streams) if server else "-",
+                f"{server.messages:,} / {_fmt_bytes(server.bytes)}" if server else "-",
+                f"{client[0]:,} / {_fmt_bytes(client[1])}" if client else "-")
+        versions = r.truth.churn_versions() if r is not None else 0
+        table.caption = f"messages / bytes; {versions:,} target versions so far"
         return Group(table, self.progress)
 
 

@@ -269,7 +269,7 @@ def test_the_live_view_shows_each_model_and_the_churn() -> None:
     Console(file=text, width=120, force_terminal=False).print(view._render())
     out = text.getvalue()
     assert "Linkerd Get" in out and "xDS SotW" in out and "delta" not in out
-    assert "7 msgs / 700 B" in out and "4/10 changes" in out
+    assert "7 / 700 B" in out and "4/10 changes" in out
 
 
 async def test_the_wire_counter_counts_what_a_handler_writes() -> None:
