@@ -45,7 +45,7 @@ def split_host_port(authority: str, default_port: int | None = 80) -> tuple[str,
         if default_port is None:
             raise AuthorityError("missing port")
         return host, default_port
-    if not port_text.isdigit():
+    if not (port_text.isascii() and port_text.isdigit()):  # not '²' or '٨٠'
         raise AuthorityError(f"invalid port {port_text!r}")
     port = int(port_text)
     if not 1 <= port <= 65535:

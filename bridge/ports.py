@@ -30,7 +30,7 @@ def parse_port_set(
             if not (1 <= lo <= hi <= 65535):
                 raise PortSpecError(f"bad port range {item!r}")
             ports.update(range(lo, hi + 1))
-        elif item.isdigit():
+        elif item.isascii() and item.isdigit():  # str.isdigit alone admits '²', '٨'
             p = int(item)
             if not 1 <= p <= 65535:
                 raise PortSpecError(f"port {p} out of range")
@@ -47,7 +47,7 @@ def parse_port_set(
 def port_of_listen_addr(addr: str) -> int | None:
     """The port of a proxy listen address such as `0.0.0.0:4143` or `[::]:4191`."""
     _, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         return None
     p = int(port)
     return p if 1 <= p <= 65535 else None

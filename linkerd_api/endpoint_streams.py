@@ -1,0 +1,111 @@
+"""Get streams: one `EndpointStream` per RPC, one encoding per View version.
+
+A View tells each of its subscribers about a new version; the first Linkerd
+subscriber to hear of it encodes the version's messages into `View.cache`, every
+other one reuses those very bytes, so N streams cost one serialization and N
+queue appends (DESIGN: cost grows with changes, not with subscribers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from bridge.cluster import Cluster
+from bridge.model import ViewKey
+from bridge.views import View, ViewChange
+from linkerd_api.queue import Outgoing, UpdateQueue
+from linkerd_api.translate import Translator, has_ready, ready_diff, ready_endpoints, set_labels
+
+Semantics = Literal["proto", "linkerd-2.20"]
+SEMANTICS: tuple[Semantics, ...] = ("proto", "linkerd-2.20")
+
+Messages = tuple[Outgoing, ...]
+
+_SNAPSHOT = ("linkerd", "snapshot")
+_DIFF = ("linkerd", "diff")
+_LABELS = ("linkerd", "set-labels")
+
+
+class UpdateEncoder:
+    """Turns View versions into the `Update` messages one semantics prescribes.
+
+    proto: the destination API's own contract. A service that does not exist gets
+      `no_endpoints{exists:false}`, one with no ready endpoint `no_endpoints{exists:
+      true}`, at subscribe time and whenever the set becomes empty.
+    linkerd-2.20: what Linkerd's 2.20 controller does (spec §1.7, §2.5): never
+      `no_endpoints`; an empty set is silence, a deleted service a `remove` of all.
+    Both send the whole set as one `add` first, then `add` before `remove` per change.
+    """
+
+    def __init__(self, cluster: Cluster, translator: Translator, semantics: Semantics) -> None:
+        self.cluster = cluster
+        self.translator = translator
+        self.semantics = semantics
+
+    def snapshot(self, view: View) -> Messages:
+        """What a new subscriber of `view` is sent first."""
+        result: Messages = view.cached(_SNAPSHOT, lambda: self._encode_snapshot(view))
+        return result
+
+    def diff(self, view: View, change: ViewChange) -> Messages:
+        """What every subscriber is sent for `change` (the view's current version)."""
+        result: Messages = view.cached(_DIFF, lambda: self._encode_diff(view, change))
+        return result
+
+    def _labels(self, view: View) -> dict[str, str]:
+        labels: dict[str, str] = view.cached(
+            _LABELS, lambda: set_labels(self.cluster, view.key.service))
+        return labels
+
+    def _encode_snapshot(self, view: View) -> Messages:
+        return tuple((str(view.version), m) for m in self.snapshot_messages(view))
+
+    def snapshot_messages(self, view: View) -> list[bytes]:
+        ready = ready_endpoints(view.snapshot)
+        if ready:
+            return [self.translator.add(ready, self._labels(view))]
+        if self.semantics == "proto":
+            return [self.translator.no_endpoints(view.exists)]
+        return []
+
+    def _encode_diff(self, view: View, change: ViewChange) -> Messages:
+        version = str(change.version)
+        return tuple((version, m) for m in self._diff_messages(view, change))
+
+    def _diff_messages(self, view: View, change: ViewChange) -> list[bytes]:
+        added, removed = ready_diff(change)
+        out: list[bytes] = []
+        # Add before remove, as Linkerd's publishDiff does (spec §2.5).
+        if added:
+            out.append(self.translator.add(added, self._labels(view)))
+        if removed:
+            out.append(self.translator.remove(removed))
+        if (self.semantics == "proto" and (removed or change.exists_changed)
+                and not has_ready(change.current)):
+            out.append(self.translator.no_endpoints(view.exists))
+        return out
+
+
+class EndpointStream(UpdateQueue):
+    """One Get RPC's subscription to one View: queues what the encoder produced."""
+
+    __slots__ = ("encoder", "key", "label", "on_overflow", "peer")
+
+    def __init__(self, capacity: int, encoder: UpdateEncoder, key: ViewKey, label: str,
+                 peer: str, on_overflow: Callable[[EndpointStream], None]) -> None:
+        super().__init__(capacity)
+        self.encoder = encoder
+        self.key = key
+        self.label = label  # the `service` label of this stream's metrics
+        self.peer = peer
+        self.on_overflow = on_overflow
+
+    def on_view_change(self, view: View, change: ViewChange) -> None:
+        if self.ended:
+            return
+        for message in self.encoder.diff(view, change):
+            if not self.push(message):
+                if self.overflowed:
+                    self.on_overflow(self)
+                return

@@ -1,0 +1,373 @@
+"""The Linkerd destination service (`io.linkerd.proxy.destination.Destination`) on the
+shared gRPC port: Get and GetProfile, wire-compatible with linkerd2-proxy-api v0.20.
+
+This module is the protocol layer's front door: it reads requests, turns a bad one
+into a gRPC status (the one place that does, `STATUS_OF`), logs it once with the
+peer, and runs each stream's writer. What to send comes from `endpoint_streams` and
+`profile_streams`; how it is encoded from `translate` and `profiles`.
+
+Responses are written as pre-encoded bytes (the method handlers' serializer is the
+identity): a View change is serialized once, then the same bytes go to every stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import weakref
+from typing import Any
+
+import grpc
+import prometheus_client
+import structlog
+from google.protobuf.message import DecodeError
+
+from bridge.app import App
+from bridge.authority import AuthorityError
+from bridge.model import FilterKey, ServiceKey, ViewKey
+from bridge.streams import StreamInfo
+from bridge.views import InvalidService, View
+from linkerd_api.authority import (
+    ContextToken,
+    parse_context_token,
+    parse_service_name,
+    split_host_port,
+)
+from linkerd_api.endpoint_streams import SEMANTICS, EndpointStream, Semantics, UpdateEncoder
+from linkerd_api.errors import (
+    AmbiguousAddress,
+    BadRequest,
+    DestinationError,
+    NoSuchWorkload,
+    UnknownService,
+)
+from linkerd_api.profile_streams import (
+    EndpointProfileKey,
+    ProfileKey,
+    ProfileRegistry,
+    ProfileStream,
+    ServiceProfileKey,
+    instance_ip,
+    profile_name,
+)
+from linkerd_api.proto import destination_pb2 as dst
+from linkerd_api.queue import UpdateQueue
+from linkerd_api.render import to_dict
+from linkerd_api.translate import Translator, address_text, ready_endpoints
+
+log = structlog.get_logger("meshbridge.linkerd")
+
+SERVICE_NAME = "io.linkerd.proxy.destination.Destination"
+DEFAULT_STREAM_QUEUE_CAPACITY = 100  # Linkerd's default (spec §3.1)
+
+# The one place a refusal becomes a status (STYLE: one mapping, domain errors elsewhere).
+STATUS_OF: dict[type[DestinationError], grpc.StatusCode] = {
+    BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownService: grpc.StatusCode.NOT_FOUND,
+    NoSuchWorkload: grpc.StatusCode.NOT_FOUND,
+    AmbiguousAddress: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+_services: weakref.WeakKeyDictionary[App, DestinationService] = weakref.WeakKeyDictionary()
+
+
+def _pre_encoded(message: bytes) -> bytes:
+    return message
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Linkerd destination API")
+    group.add_argument(
+        "--destination-semantics", choices=SEMANTICS, default="proto",
+        help="proto (default): the API's contract, no_endpoints{exists} for missing or "
+             "empty services; linkerd-2.20: Linkerd 2.20's controller, NOT_FOUND for a "
+             "missing service and silence for an empty one")
+    group.add_argument(
+        "--stream-queue-capacity", type=_positive_int, default=DEFAULT_STREAM_QUEUE_CAPACITY,
+        help="updates a stream may have waiting; a stream whose queue overflows is ended "
+             "(status OK) and counted in endpoint_updates_queue_overflow")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def register(app: App, server: grpc.aio.Server) -> None:
+    """Mount the destination service on the app's gRPC server."""
+    service = DestinationService(app)
+    server.add_generic_rpc_handlers((service.handler(),))
+    app.on_stop.append(service.stop)
+    app.renderers["linkerd"] = service.render_view
+    _services[app] = service
+
+
+def service_of(app: App) -> DestinationService:
+    """The destination service registered on `app` (for tests and tools)."""
+    return _services[app]
+
+
+class DestinationService:
+    def __init__(self, app: App) -> None:
+        extra = app.options.extra
+        semantics = extra.get("destination_semantics") or "proto"
+        if semantics not in SEMANTICS:
+            raise ValueError(f"destination semantics {semantics!r}: expected one of "
+                             f"{', '.join(SEMANTICS)}")
+        capacity = extra.get("stream_queue_capacity") or DEFAULT_STREAM_QUEUE_CAPACITY
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"stream queue capacity {capacity!r}: must be at least 1")
+        self.app = app
+        self.cluster = app.cluster
+        self.config = app.config
+        self.semantics: Semantics = semantics
+        self.capacity = capacity
+        self.translator = Translator(app.config)
+        self.encoder = UpdateEncoder(app.cluster, self.translator, self.semantics)
+        self.profiles = ProfileRegistry(app.cluster, app.config, self.translator,
+                                        self.semantics)
+        self.streams: set[UpdateQueue] = set()
+        self.stopping = False
+        registry = app.metrics
+        self.endpoint_overflows = prometheus_client.Counter(
+            "endpoint_updates_queue_overflow",
+            "Get streams ended because their update queue was full", ["service"],
+            registry=registry)
+        self.profile_overflows = prometheus_client.Counter(
+            "profile_updates_queue_overflow",
+            "GetProfile (service) streams ended because their queue was full",
+            ["fqn", "port"], registry=registry)
+        self.endpoint_profile_overflows = prometheus_client.Counter(
+            "endpoint_profile_updates_queue_overflow",
+            "GetProfile (endpoint) streams ended because their queue was full",
+            registry=registry)
+        self.open_streams = prometheus_client.Gauge(
+            "destination_streams", "Open destination API streams", ["method"],
+            registry=registry)
+        self.refused = prometheus_client.Counter(
+            "destination_requests_refused", "Destination API requests refused, by status",
+            ["method", "code"], registry=registry)
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        # Requests arrive as bytes so that an undecodable one gets a precise status.
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+            "Get": grpc.unary_stream_rpc_method_handler(
+                self.get, request_deserializer=None, response_serializer=_pre_encoded),
+            "GetProfile": grpc.unary_stream_rpc_method_handler(
+                self.get_profile, request_deserializer=None,
+                response_serializer=_pre_encoded),
+        })
+
+    def stop(self) -> None:
+        """End every stream with status OK; proxies reconnect elsewhere."""
+        self.stopping = True
+        for stream in list(self.streams):
+            stream.end()
+
+    # ------------------------------------------------------------------ Get
+
+    async def get(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        peer = context.peer()
+        path = ""
+        try:
+            request = _decode(raw)
+            path = request.path
+            token = self._token(request, peer, "Get")
+            key = self._endpoint_key(path, token, peer)
+            label = key.authority(self.config.cluster_domain)
+            stream = EndpointStream(self.capacity, self.encoder, key, label, peer,
+                                    self._endpoint_overflow)
+            try:
+                view = self.app.views.subscribe(key, stream, "linkerd")
+            except InvalidService as e:
+                raise BadRequest(f"Invalid authority: {path}: {e}") from None
+        except DestinationError as e:
+            await self._refuse(context, "Get", peer, path, e)
+            return
+        try:
+            for message in self.encoder.snapshot(view):
+                stream.push(message)
+            await self._pump("Get", stream, stream.label, request, context)
+        finally:
+            self.app.views.unsubscribe(key, stream)
+
+    def _endpoint_key(self, path: str, token: ContextToken, peer: str) -> ViewKey:
+        """Get's request checks, in Linkerd's order (spec §2.4)."""
+        try:
+            hp = split_host_port(path)
+        except AuthorityError as e:
+            raise BadRequest(f"Invalid authority: {path}: {e}") from None
+        if hp.ip is not None:
+            raise BadRequest(f"IP queries not supported by Get API: host={hp.host}")
+        try:
+            name = parse_service_name(hp.host, self.config.cluster_domain)
+        except AuthorityError as e:
+            raise BadRequest(f"Invalid authority: {path}: {e}") from None
+        svc = self.cluster.services.get(name.service)
+        if svc is None and self.semantics == "linkerd-2.20":
+            raise UnknownService(
+                f"Service {name.service.name}.{name.service.namespace} not found")
+        self._note_undeclared_port("Get", name.service, hp.port, peer)
+        return ViewKey(name.service, hp.port,
+                       FilterKey(node_name=token.node_name, hostname=name.instance))
+
+    def _endpoint_overflow(self, stream: EndpointStream) -> None:
+        self.endpoint_overflows.labels(stream.label).inc()
+        log.warning("endpoint update queue full; ending stream", peer=stream.peer,
+                    namespace=stream.key.service.namespace, service=stream.key.service.name,
+                    port=stream.key.port, capacity=self.capacity)
+        self.app.views.unsubscribe(stream.key, stream)
+
+    # ------------------------------------------------------------------ GetProfile
+
+    async def get_profile(self, raw: bytes,
+                          context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        peer = context.peer()
+        path = ""
+        try:
+            request = _decode(raw)
+            path = request.path
+            token = self._token(request, peer, "GetProfile")
+            key = self._profile_key(path, token, peer)
+            stream = ProfileStream(self.capacity, key, peer, self._profile_overflow)
+            self.profiles.subscribe(stream)
+        except DestinationError as e:
+            await self._refuse(context, "GetProfile", peer, path, e)
+            return
+        try:
+            await self._pump("GetProfile", stream, _target(key), request, context)
+        finally:
+            self.profiles.unsubscribe(stream)
+
+    def _profile_key(self, path: str, token: ContextToken, peer: str) -> ProfileKey:
+        """GetProfile's request checks and lookups, in Linkerd's order (spec §2.6)."""
+        try:
+            hp = split_host_port(path)
+        except AuthorityError as e:
+            raise BadRequest(f'invalid authority: "{path}": "{e}"') from None
+        ip = hp.ip
+        if ip is not None:
+            services = self.cluster.services_with_cluster_ip(ip)
+            if len(services) > 1:
+                raise AmbiguousAddress(
+                    f"found {len(services)} services with conflicting cluster IP {ip}")
+            if services:
+                svc = ServiceKey(services[0].meta.namespace, services[0].meta.name)
+                fqn = profile_name(svc, self.config.cluster_domain)
+                return ServiceProfileKey(svc, fqn, hp.port, token.ns)
+            return EndpointProfileKey(ip, hp.port)
+        try:
+            name = parse_service_name(hp.host, self.config.cluster_domain)
+        except AuthorityError as e:
+            raise BadRequest(f'invalid service "{hp.host}": "{e}"') from None
+        if name.instance:
+            return EndpointProfileKey(instance_ip(self.cluster, name.service, name.instance),
+                                      hp.port)
+        svc_obj = self.cluster.services.get(name.service)
+        if svc_obj is not None and svc_obj.type == "ExternalName":
+            raise BadRequest(f"Invalid authority: {path}: {name.service} is an ExternalName "
+                             "service")
+        self._note_undeclared_port("GetProfile", name.service, hp.port, peer)
+        return ServiceProfileKey(name.service, hp.host, hp.port, token.ns)
+
+    def _profile_overflow(self, stream: ProfileStream) -> None:
+        key = stream.key
+        if isinstance(key, ServiceProfileKey):
+            self.profile_overflows.labels(key.fqn, str(key.port)).inc()
+        else:
+            self.endpoint_profile_overflows.inc()
+        log.warning("profile update queue full; ending stream", peer=stream.peer,
+                    target=_target(key), capacity=self.capacity)
+        self.profiles.unsubscribe(stream)
+
+    # ------------------------------------------------------------------ debug
+
+    def render_view(self, view: View) -> tuple[dict[str, dict[str, Any]], Any]:
+        """The View as a new Get stream would be told it, for /debug/endpoints: the
+        endpoints Linkerd announces (the ready ones) by "ip:port", and the first
+        messages of a stream as JSON."""
+        endpoints: dict[str, dict[str, Any]] = {}
+        for r in ready_endpoints(view.snapshot):
+            ep = r.endpoint
+            wa = self.translator.weighted_addr(r)
+            hint = wa.protocol_hint.WhichOneof("protocol") if wa.HasField("protocol_hint") \
+                else None
+            endpoints[address_text(wa.addr)] = {
+                "weight": wa.weight, "identity": wa.tls_identity.dns_like_identity.name,
+                "hint": hint or "", "zone": ep.zone or "", "zone_locality": r.zone_locality,
+            }
+        messages = [to_dict(dst.Update.FromString(m))
+                    for m in self.encoder.snapshot_messages(view)]
+        return endpoints, {"version": view.version, "semantics": self.semantics,
+                           "messages": messages}
+
+    # ------------------------------------------------------------------ shared
+
+    async def _pump(self, method: str, stream: UpdateQueue, target: str,
+                    request: dst.GetDestination,
+                    context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Write the stream's queue until it ends; returning ends the RPC with OK."""
+        if self.stopping:
+            return
+        info = self.app.streams.add(StreamInfo(
+            "linkerd-get" if method == "Get" else "linkerd-profile", context.peer(),
+            client=request.context_token.strip()[:500]))
+        info.state(target).subscribed = (request.path,)
+        self.streams.add(stream)
+        gauge = self.open_streams.labels(method)
+        gauge.inc()
+        try:
+            while (item := await stream.next()) is not None:
+                version, message = item
+                await context.write(message)
+                info.sent(target, version, "", len(message))
+        finally:
+            gauge.dec()
+            self.streams.discard(stream)
+            self.app.streams.remove(info)
+
+    def _token(self, request: dst.GetDestination, peer: str, method: str) -> ContextToken:
+        token = parse_context_token(request.context_token)
+        if token.form == "invalid":
+            # Not an error (spec §2.2): the stream is served with no client context.
+            log.warning("context token not understood; serving without it", method=method,
+                        peer=peer, authority=request.path,
+                        token=request.context_token[:200])
+        elif token.form == "legacy":
+            log.info("legacy context token", method=method, peer=peer,
+                     authority=request.path, ns=token.ns)
+        return token
+
+    def _note_undeclared_port(self, method: str, service: ServiceKey, port: int,
+                              peer: str) -> None:
+        svc = self.cluster.services.get(service)
+        if svc is not None and svc.type != "ExternalName" and svc.port(port) is None:
+            # Served anyway, with the port itself as the target port (spec §4.3).
+            log.info("port not declared by the service; using it as the target port",
+                     method=method, peer=peer, namespace=service.namespace,
+                     service=service.name, port=port)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], method: str,
+                      peer: str, path: str, error: DestinationError) -> None:
+        code = STATUS_OF[type(error)]
+        self.refused.labels(method, code.name).inc()
+        log.warning("destination request refused", method=method, peer=peer,
+                    authority=path[:300], code=code.name, reason=str(error))
+        await context.abort(code, str(error))
+
+
+def _target(key: ProfileKey) -> str:
+    if isinstance(key, ServiceProfileKey):
+        return f"{key.fqn}:{key.port}"
+    return f"[{key.ip}]:{key.port}" if ":" in key.ip else f"{key.ip}:{key.port}"
+
+
+def _decode(raw: bytes) -> dst.GetDestination:
+    try:
+        return dst.GetDestination.FromString(raw)
+    except DecodeError:
+        raise BadRequest("request is not a GetDestination message") from None
