@@ -78,6 +78,12 @@ class Cluster:
         self.pods: dict[PodKey, Pod] = {}
         self.pods_by_ip: defaultdict[str, set[PodKey]] = defaultdict(set)
         self.services_by_pod: defaultdict[PodKey, set[ServiceKey]] = defaultdict(set)
+        # How many slice endpoints of a service name a pod: services_by_pod keeps the
+        # service while this is positive, without rescanning the service's slices.
+        self._pod_refs: dict[tuple[ServiceKey, PodKey], int] = {}
+        # Bumped whenever an object that enrichment reads besides pods and slices
+        # changes (Nodes, ReplicaSets, Servers), so memoised enrichment can tell.
+        self.enrich_epoch = 0
         self.nodes: dict[str, Node] = {}
         self.replicasets: dict[PodKey, ReplicaSet] = {}
         self.servers: defaultdict[str, dict[str, Server]] = defaultdict(dict)
@@ -184,7 +190,10 @@ class Cluster:
                 self.slices_by_service[svc].add(skey)
                 for ep in obj.endpoints:
                     if ep.target is not None and ep.target.kind == "Pod":
-                        self.services_by_pod[(ep.target.namespace, ep.target.name)].add(svc)
+                        pkey = (ep.target.namespace, ep.target.name)
+                        ref = (svc, pkey)
+                        self._pod_refs[ref] = self._pod_refs.get(ref, 0) + 1
+                        self.services_by_pod[pkey].add(svc)
                 change.services.add(svc)
             case Pod():
                 pkey = (obj.meta.namespace, obj.meta.name)
@@ -207,17 +216,20 @@ class Cluster:
                 # Only the zone and region labels matter downstream.
                 if old_node is None or (old_node.zone, old_node.region) != (obj.zone, obj.region):
                     change.all_services = True
+                    self.enrich_epoch += 1
             case ReplicaSet():
                 rkey = (obj.meta.namespace, obj.meta.name)
                 if self.replicasets.get(rkey) == obj:
                     return
                 self.replicasets[rkey] = obj
                 change.namespaces.add(obj.meta.namespace)
+                self.enrich_epoch += 1
             case Server():
                 if self.servers[obj.meta.namespace].get(obj.meta.name) == obj:
                     return
                 self.servers[obj.meta.namespace][obj.meta.name] = obj
                 change.namespaces.add(obj.meta.namespace)
+                self.enrich_epoch += 1
             case ServiceProfile():
                 prkey = (obj.meta.namespace, obj.meta.name)
                 if self.profiles.get(prkey) == obj:
@@ -250,12 +262,15 @@ class Cluster:
             case Node():
                 if self.nodes.pop(name, None) is not None:
                     change.all_services = True
+                    self.enrich_epoch += 1
             case ReplicaSet():
                 if self.replicasets.pop((ns, name), None) is not None:
                     change.namespaces.add(ns)
+                    self.enrich_epoch += 1
             case Server():
                 if self.servers[ns].pop(name, None) is not None:
                     change.namespaces.add(ns)
+                    self.enrich_epoch += 1
             case ServiceProfile():
                 if self.profiles.pop((ns, name), None) is not None:
                     change.profiles.add((ns, name))
@@ -272,18 +287,15 @@ class Cluster:
         for ep in old.endpoints:
             if ep.target is not None and ep.target.kind == "Pod":
                 pkey = (ep.target.namespace, ep.target.name)
-                if not self._pod_still_in(svc, pkey):
-                    owners = self.services_by_pod.get(pkey)
-                    if owners is not None:
-                        owners.discard(svc)
-                        if not owners:
-                            del self.services_by_pod[pkey]
+                ref = (svc, pkey)
+                left = self._pod_refs.get(ref, 0) - 1
+                if left > 0:
+                    self._pod_refs[ref] = left
+                    continue
+                self._pod_refs.pop(ref, None)
+                owners = self.services_by_pod.get(pkey)
+                if owners is not None:
+                    owners.discard(svc)
+                    if not owners:
+                        del self.services_by_pod[pkey]
         change.services.add(svc)
-
-    def _pod_still_in(self, svc: ServiceKey, pod: PodKey) -> bool:
-        for skey in self.slices_by_service.get(svc, ()):
-            for ep in self.slices[skey].endpoints:
-                t = ep.target
-                if t is not None and t.kind == "Pod" and (t.namespace, t.name) == pod:
-                    return True
-        return False

@@ -24,6 +24,8 @@ import structlog
 
 from bridge.cluster import Cluster, ClusterChange
 from bridge.enrich import (
+    GATEWAY_IDENTITY_ANNOTATION,
+    REMOTE_FQN_ANNOTATION,
     EnrichError,
     Enrichment,
     address_endpoint_id,
@@ -41,12 +43,14 @@ from bridge.model import (
     ServiceKey,
     ViewKey,
 )
-from bridge.objects import EndpointSlice, Service
+from bridge.objects import EndpointSlice, Pod, Service, SliceEndpoint, TargetRef
 
 log = structlog.get_logger("meshbridge.views")
 
 Snapshot = Mapping[EndpointId, ResolvedEndpoint]
 EMPTY: Snapshot = MappingProxyType({})
+# Enrichment results of one port, by their inputs: (pod object, cluster epoch, result).
+EnrichMemo = dict[tuple[Any, ...], tuple["Pod | None", int, "Endpoint | None"]]
 
 
 class InvalidService(LookupError):
@@ -103,10 +107,13 @@ class View:
 
     def publish(self, available: Mapping[EndpointId, Endpoint], exists: bool) -> None:
         """Filter, diff against the snapshot, and tell every subscriber (publishDiff)."""
-        filtered = self._publisher.registry.filter_endpoints(self.key, available)
-        self.diff_computations += 1
         previous = self.snapshot
-        added = tuple(r for i, r in sorted(filtered.items()) if previous.get(i) != r)
+        filtered = self._publisher.registry.filter_endpoints(self.key, available, previous)
+        self.diff_computations += 1
+        # Unchanged endpoints are the very objects of the previous snapshot (see
+        # filter_endpoints), so `is` settles most comparisons without looking inside.
+        added = tuple(r for i, r in sorted(filtered.items())
+                      if (p := previous.get(i)) is not r and p != r)
         removed = tuple(r for i, r in sorted(previous.items()) if i not in filtered)
         exists_changed = exists != self.exists
         if not added and not removed and not exists_changed and self.version:
@@ -135,9 +142,14 @@ class PortPublisher:
         self.views: dict[FilterKey, View] = {}
         self.available: Mapping[EndpointId, Endpoint] = EMPTY_ENDPOINTS
         self.exists = False
+        self._memo: EnrichMemo = {}
 
     def refresh(self) -> None:
-        self.exists, self.available = self.registry.merge_endpoints(self.service, self.port)
+        memo: EnrichMemo = {}
+        self.exists, self.available = self.registry.merge_endpoints(
+            self.service, self.port, self._memo, memo)
+        # Only what this version used is kept, so the memo never outgrows the service.
+        self._memo = memo
         for view in list(self.views.values()):
             view.publish(self.available, self.exists)
 
@@ -201,7 +213,8 @@ class ViewRegistry:
             if not create:
                 return None
             pub = PortPublisher(self, key.service, key.port)
-            pub.exists, pub.available = self.merge_endpoints(key.service, key.port)
+            pub.exists, pub.available = self.merge_endpoints(key.service, key.port,
+                                                             used=pub._memo)
             self.ports[(key.service, key.port)] = pub
             self._ports_by_service.setdefault(key.service, set()).add(key.port)
         view = pub.views.get(key.filter)
@@ -232,7 +245,8 @@ class ViewRegistry:
                     pub.refresh()
 
     def merge_endpoints(
-        self, service: ServiceKey, port: int
+        self, service: ServiceKey, port: int, memo: EnrichMemo | None = None,
+        used: EnrichMemo | None = None,
     ) -> tuple[bool, Mapping[EndpointId, Endpoint]]:
         """All endpoints of one service port, merged across its slices (spec §4.3-4.5).
 
@@ -249,14 +263,22 @@ class ViewRegistry:
             resolved = _resolve_slice_port(slice_, target)
             if resolved is None:
                 continue
-            for ep in self._slice_endpoints(slice_, resolved, port):
+            for ep in self._slice_endpoints(slice_, resolved, port, memo or {}, used):
                 merged[ep.id] = ep
         return True, MappingProxyType(merged)
 
     def _slice_endpoints(
-        self, slice_: EndpointSlice, port: int, requested_port: int
+        self, slice_: EndpointSlice, port: int, requested_port: int, memo: EnrichMemo,
+        used: EnrichMemo | None,
     ) -> list[Endpoint]:
+        """The slice's servable endpoints, enriched. An endpoint whose inputs are the very
+        objects it was last enriched from (same slice entry, same pod object, no change
+        to nodes, ReplicaSets or Servers since) is reused, so a change re-enriches only
+        what it touched."""
         out: list[Endpoint] = []
+        epoch = self.cluster.enrich_epoch
+        annotations = (slice_.meta.annotations.get(GATEWAY_IDENTITY_ANNOTATION),
+                       slice_.meta.annotations.get(REMOTE_FQN_ANNOTATION))
         for sep in slice_.endpoints:
             # Linkerd drops only endpoints explicitly not ready; we also keep those that
             # still serve while terminating, so xDS can send them as DRAINING. Each
@@ -264,37 +286,52 @@ class ViewRegistry:
             if not sep.ready and not (sep.serving and sep.terminating):
                 continue
             target = sep.target
+            pod = None
+            if target is not None and target.kind == "Pod":
+                pod = self.cluster.pods.get((target.namespace, target.name))
             for ip in sep.addresses:
-                try:
-                    if target is not None and target.kind == "Pod":
-                        pod = self.cluster.pods.get((target.namespace, target.name))
-                        if pod is None:
-                            raise EnrichError(f"pod {target.namespace}/{target.name} "
-                                              "is not known")
-                        enr = enrich_pod_endpoint(pod, port, sep.zone, self.cluster,
-                                                  self.config)
-                        eid = EndpointId("pod", target.namespace, target.name,
-                                         slice_.address_type)
-                        node = pod.node_name or sep.node_name
-                        pod_name, pod_rv = pod.meta.name, pod.meta.resource_version
-                    elif target is None:
-                        enr = enrich_address_endpoint(slice_, requested_port, self.config)
-                        eid = address_endpoint_id(slice_, sep, ip, port)
-                        node, pod_name, pod_rv = sep.node_name, "", ""
-                    else:
-                        raise EnrichError(f"targetRef kind {target.kind} is not supported")
-                except EnrichError as e:
-                    log.warning("endpoint skipped", namespace=slice_.meta.namespace,
-                                service=slice_.service_name, port=requested_port,
-                                slice=slice_.meta.name, address=ip, reason=str(e))
-                    continue
-                out.append(_endpoint(eid, ip, port, sep.ready, sep.serving, sep.terminating,
-                                     sep.hostname, node, sep.zone, sep.for_zones, pod_name,
-                                     pod_rv, self.cluster.nodes.get(node), enr))
+                key = (slice_.meta.namespace, slice_.service_name, slice_.address_type,
+                       annotations if target is None else None, sep, ip, port, requested_port)
+                hit = memo.get(key)
+                if hit is not None and hit[0] is pod and hit[1] == epoch:
+                    ep: Endpoint | None = hit[2]
+                else:
+                    ep = self._enrich(slice_, sep, target, pod, ip, port, requested_port)
+                if used is not None:
+                    used[key] = (pod, epoch, ep)
+                if ep is not None:
+                    out.append(ep)
         return out
 
+    def _enrich(self, slice_: EndpointSlice, sep: SliceEndpoint, target: TargetRef | None,
+                pod: Pod | None, ip: str, port: int, requested_port: int) -> Endpoint | None:
+        try:
+            if target is not None and target.kind == "Pod":
+                if pod is None:
+                    raise EnrichError(f"pod {target.namespace}/{target.name} is not known")
+                enr = enrich_pod_endpoint(pod, port, sep.zone, self.cluster, self.config)
+                eid = EndpointId("pod", target.namespace, target.name, slice_.address_type)
+                node = pod.node_name or sep.node_name
+                pod_name, pod_rv = pod.meta.name, pod.meta.resource_version
+            elif target is None:
+                enr = enrich_address_endpoint(slice_, requested_port, self.config)
+                eid = address_endpoint_id(slice_, sep, ip, port)
+                node, pod_name, pod_rv = sep.node_name, "", ""
+            else:
+                raise EnrichError(f"targetRef kind {target.kind} is not supported")
+        except EnrichError as e:
+            # Logged once per distinct input: the memo remembers the failure too.
+            log.warning("endpoint skipped", namespace=slice_.meta.namespace,
+                        service=slice_.service_name, port=requested_port,
+                        slice=slice_.meta.name, address=ip, reason=str(e))
+            return None
+        return _endpoint(eid, ip, port, sep.ready, sep.serving, sep.terminating,
+                         sep.hostname, node, sep.zone, sep.for_zones, pod_name,
+                         pod_rv, self.cluster.nodes.get(node), enr)
+
     def filter_endpoints(
-        self, key: ViewKey, available: Mapping[EndpointId, Endpoint]
+        self, key: ViewKey, available: Mapping[EndpointId, Endpoint],
+        previous: Snapshot = EMPTY,
     ) -> dict[EndpointId, ResolvedEndpoint]:
         """Apply the filter key (spec §4.6 filterAddresses) and resolve what depends on
         the subscriber: zone locality and weight."""
@@ -319,7 +356,12 @@ class ViewRegistry:
             weight = BASE_WEIGHT
             if self.config.zone_weights and locality == "local":
                 weight *= 10
-            out[e.id] = ResolvedEndpoint(e, locality, weight)
+            prev = previous.get(e.id)
+            if (prev is not None and prev.endpoint is e and prev.zone_locality == locality
+                    and prev.weight == weight):
+                out[e.id] = prev
+            else:
+                out[e.id] = ResolvedEndpoint(e, locality, weight)
         return out
 
     def _select_family(self, cands: list[Endpoint]) -> list[Endpoint]:

@@ -186,6 +186,7 @@ class _SimPod:
     ip: str
     zone_index: int
     ready: bool = True
+    slice: int = 0  # which of the service's EndpointSlices holds it (stays put)
 
 
 @dataclass(slots=True)
@@ -195,6 +196,8 @@ class _SimService:
     pods: list[_SimPod] = field(default_factory=list)
     restart_cursor: int = 0  # next pod a rolling restart replaces
     generation: int = 0
+    # What each of its EndpointSlices last held, so only changed slices are written.
+    slices: dict[int, tuple[SliceEndpoint, ...]] = field(default_factory=dict)
 
 
 class SimCluster:
@@ -228,7 +231,8 @@ class SimCluster:
         ip = f"10.{64 + (n >> 16) % 64}.{(n >> 8) & 255}.{n & 255}"
         svc.generation += 1
         suffix = f"{svc.generation:05d}"
-        return _SimPod(f"{svc.name}-{suffix}", ip, self.rng.randrange(self.shape.zones))
+        return _SimPod(f"{svc.name}-{suffix}", ip, self.rng.randrange(self.shape.zones),
+                       slice=self._slice_of_new_pod(svc))
 
     def _pod_object(self, svc: _SimService, pod: _SimPod) -> Pod:
         labels = {"app": svc.name, "pod-template-hash": "sim"}
@@ -252,11 +256,30 @@ class SimCluster:
             pod_ips=(pod.ip,),
         )
 
-    def _slices(self, svc: _SimService) -> list[EndpointSlice]:
-        size = self.shape.slice_size
-        chunks = [svc.pods[i:i + size] for i in range(0, len(svc.pods), size)] or [[]]
-        out = []
-        for k, chunk in enumerate(chunks):
+    def _slice_of_new_pod(self, svc: _SimService) -> int:
+        """Like the EndpointSlice controller: fill the first slice with room; existing
+        endpoints never move between slices."""
+        counts: dict[int, int] = {}
+        for p in svc.pods:
+            counts[p.slice] = counts.get(p.slice, 0) + 1
+        k = 0
+        while counts.get(k, 0) >= self.shape.slice_size:
+            k += 1
+        return k
+
+    def _slice_events(self, svc: _SimService) -> list[Event]:
+        """ADDED/MODIFIED for each slice whose endpoints changed, DELETED for slices that
+        emptied (slice 0 stays, empty, as the controller's placeholder)."""
+        groups: dict[int, list[_SimPod]] = {0: []}
+        for p in svc.pods:
+            groups.setdefault(p.slice, []).append(p)
+        events: list[Event] = []
+        for k in sorted(set(groups) | set(svc.slices)):
+            pods = groups.get(k)
+            if not pods and k != 0:
+                svc.slices.pop(k, None)
+                events.append(Event(EventType.DELETED, self._slice(svc, k, ())))
+                continue
             eps = tuple(
                 SliceEndpoint(
                     addresses=(p.ip,),
@@ -267,17 +290,25 @@ class SimCluster:
                     zone=self.zones[p.zone_index],
                     target=TargetRef("Pod", p.name, svc.namespace),
                 )
-                for p in chunk
+                for p in pods or ()
             )
-            out.append(EndpointSlice(
-                meta=Meta(f"{svc.name}-{k}", svc.namespace, self._rv(),
-                          {"kubernetes.io/service-name": svc.name}),
-                service_name=svc.name,
-                address_type="IPv4",
-                ports=(SlicePort("http", self.shape.port),),
-                endpoints=eps,
-            ))
-        return out
+            if svc.slices.get(k) == eps:
+                continue
+            kind = EventType.MODIFIED if k in svc.slices else EventType.ADDED
+            svc.slices[k] = eps
+            events.append(Event(kind, self._slice(svc, k, eps)))
+        return events
+
+    def _slice(self, svc: _SimService, k: int,
+               endpoints: tuple[SliceEndpoint, ...]) -> EndpointSlice:
+        return EndpointSlice(
+            meta=Meta(f"{svc.name}-{k}", svc.namespace, self._rv(),
+                      {"kubernetes.io/service-name": svc.name}),
+            service_name=svc.name,
+            address_type="IPv4",
+            ports=(SlicePort("http", self.shape.port),),
+            endpoints=endpoints,
+        )
 
     def initial_objects(self) -> list[KubeObject]:
         objs: list[KubeObject] = []
@@ -293,7 +324,7 @@ class SimCluster:
                 ports=(ServicePort("http", self.shape.port, "http", app_protocol="http"),),
             ))
             objs.extend(self._pod_object(svc, p) for p in svc.pods)
-            objs.extend(self._slices(svc))
+            objs.extend(e.obj for e in self._slice_events(svc))
         return objs
 
     # -- churn
@@ -307,7 +338,7 @@ class SimCluster:
             yield pattern, getattr(self, f"_step_{pattern}")()
 
     def _changed(self, svc: _SimService, pods: list[Event]) -> list[Event]:
-        return pods + [Event(EventType.MODIFIED, s) for s in self._slices(svc)]
+        return pods + self._slice_events(svc)
 
     def _step_rolling_restart(self) -> list[Event]:
         svc = self.rng.choice(self.services)
@@ -317,6 +348,7 @@ class SimCluster:
         svc.restart_cursor += 1
         old = svc.pods[i]
         new = self._new_pod(svc)
+        new.slice = old.slice  # the replacement takes the old pod's place
         svc.pods[i] = new
         added = Event(EventType.ADDED, self._pod_object(svc, new))
         deleted = Event(EventType.DELETED, self._pod_object(svc, old))
@@ -340,7 +372,7 @@ class SimCluster:
         self.lost_zone = self.rng.randrange(self.shape.zones) if self.lost_zone is None else None
         events: list[Event] = []
         for svc in self.services:
-            events.extend(Event(EventType.MODIFIED, s) for s in self._slices(svc))
+            events.extend(self._slice_events(svc))
         return events
 
     def _step_flap(self) -> list[Event]:

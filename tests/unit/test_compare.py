@@ -225,7 +225,8 @@ def test_a_slice_sent_again_unchanged_costs_nothing() -> None:
     objs = sim.initial_objects()
     eb, sb, en, sn = replay.apply(Event(EventType.ADDED, o) for o in objs)
     assert (en, sn) == (1, 1) and eb > 0 and sb > 0
-    same = [Event(EventType.MODIFIED, s) for s in sim._slices(sim.services[0])]
+    svc = sim.services[0]
+    same = [Event(EventType.MODIFIED, sim._slice(svc, k, eps)) for k, eps in svc.slices.items()]
     assert replay.apply(same) == (0, 0, 0, 0)
 
 

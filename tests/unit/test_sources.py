@@ -205,3 +205,24 @@ def test_demo_serves_the_counts_its_readme_promises() -> None:
     _, merged = registry.merge_endpoints(cart.service, 8080)
     assert {r.endpoint.family for r in registry.filter_endpoints(cart, merged).values()} == {
         "IPv6"}
+
+
+def test_sim_keeps_endpoints_in_their_slices_and_deletes_emptied_ones() -> None:
+    sim = SimCluster(parse_scenario({
+        "seed": 3, "cluster": {"services": 1, "endpoints_per_service": 250, "slice_size": 100},
+        "churn": {"patterns": {"scale": 1, "rolling_restart": 1}}}))
+    cluster = Cluster()
+    from bridge.cluster import Event, EventType
+
+    cluster.apply(Event(EventType.ADDED, o) for o in sim.initial_objects())
+    assert len(cluster.slices) == 3
+    for _, (_, events) in zip(range(600), sim.changes(), strict=False):
+        cluster.apply(events)
+        # Every endpoint names a pod that exists, and no slice is over its size.
+        for sl in cluster.slices.values():
+            assert len(sl.endpoints) <= 100
+            for ep in sl.endpoints:
+                assert ep.target is not None
+                assert (ep.target.namespace, ep.target.name) in cluster.pods
+        pods = sum(len(sl.endpoints) for sl in cluster.slices.values())
+        assert pods == len(sim.services[0].pods)

@@ -351,3 +351,33 @@ def test_view_metrics_follow_subscribers_versions_and_size() -> None:
     assert value("endpoints_subscribers") == 1
     reg.unsubscribe(key, b)
     assert value("endpoints_subscribers") is None  # the series goes with the View
+
+
+def test_a_server_added_later_re_enriches_endpoints_it_selects() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web", ports=[{"name": "http", "port": 80}]),
+         pod("web-1", "10.0.0.1", labels={"app": "web"}),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    view, rec = watch(reg)
+    (r,) = view.snapshot.values()
+    assert r.endpoint.hint is not None and not r.endpoint.hint.opaque
+    load(cluster, {"kind": "Server", "metadata": {"name": "s", "namespace": "app"},
+                   "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": 8080,
+                            "proxyProtocol": "opaque"}})
+    (change,) = rec.changes
+    assert change.added[0].endpoint.hint is not None and change.added[0].endpoint.hint.opaque
+
+
+def test_a_pod_in_two_services_stays_indexed_until_its_last_slice_goes() -> None:
+    cluster, _ = setup()
+    load(cluster, service("web"), service("api"), pod("p", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "p")]),
+         endpoint_slice("web-b", "web", [endpoint("10.0.0.1", "p")]),
+         endpoint_slice("api-a", "api", [endpoint("10.0.0.1", "p")]))
+    assert cluster.services_by_pod[("app", "p")] == {SVC, ServiceKey("app", "api")}
+    delete(cluster, endpoint_slice("web-a", "web", []))
+    assert SVC in cluster.services_by_pod[("app", "p")]  # still in web-b
+    delete(cluster, endpoint_slice("web-b", "web", []))
+    assert cluster.services_by_pod[("app", "p")] == {ServiceKey("app", "api")}
+    delete(cluster, endpoint_slice("api-a", "api", []))
+    assert ("app", "p") not in cluster.services_by_pod
