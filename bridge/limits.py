@@ -25,11 +25,17 @@ class Limits:
     max_message_bytes: int = 4 * 1024 * 1024
     max_streams_per_client: int = 20000
     max_resource_names: int = 10000  # per xDS request, read by xds_api
+    # Calls gRPC has accepted but grpc.aio has not yet handed to a handler. C-core's
+    # default hard limit (3000) silently stalls a burst of new streams (thousands of
+    # proxies reconnecting at once) well below the stream limits above.
+    max_pending_calls: int = 100_000
 
     def server_options(self) -> list[tuple[str, Any]]:
         return [
             ("grpc.max_concurrent_streams", self.max_streams_per_connection),
             ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.server.max_pending_requests", self.max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", self.max_pending_calls),
         ]
 
 

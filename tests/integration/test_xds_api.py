@@ -293,3 +293,28 @@ async def test_stopping_the_server_ends_streams_cleanly(demo_dir: Path,
         await app.stop(grace=1.0)
         assert await read(call) is grpc.aio.EOF
         assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_a_burst_of_thousands_of_new_streams_is_served(demo_dir: Path,
+                                                             make_app: AppFactory) -> None:
+    # More than gRPC C-core's default pending-call hard limit (3000), as when every
+    # proxy of a large mesh reconnects at once after a restart.
+    streams = 4000
+    app: App = await make_app(demo_dir)
+    options = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
+    channels = [grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}", options=options)
+                for _ in range(20)]
+    calls = []
+    try:
+        for i in range(streams):
+            stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channels[i % len(channels)])
+            calls.append(stub.StreamAggregatedResources())
+        await asyncio.gather(*(c.write(request(EDS, [WEB])) for c in calls))
+        first = await asyncio.wait_for(asyncio.gather(*(c.read() for c in calls)), 60)
+        assert all(len(r.resources) == 1 for r in first)
+        assert len(app.views.views()) == 1
+    finally:
+        for c in calls:
+            c.cancel()
+        for ch in channels:
+            await ch.close()
