@@ -26,6 +26,7 @@ from tests.integration.test_linkerd_support import (
     metric,
     named,
     remove_objects,
+    until,
     write_docs,
 )
 
@@ -445,12 +446,8 @@ async def test_a_port_the_service_does_not_declare_is_served_as_the_target_port(
 
 
 async def _until_subscribed(app: Any, n: int, method: str = "Get") -> None:
-    """Poll (with a deadline) until n streams of `method` are open."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while metric(app, "destination_streams", {"method": method}) < n:
-        assert loop.time() < deadline, "streams did not open"
-        await asyncio.sleep(0.01)  # polling with a deadline, not synchronisation
+    await until(lambda: metric(app, "destination_streams", {"method": method}) >= n,
+                f"{n} {method} streams to be open")
 
 
 async def test_streams_are_listed_for_debugging_and_counted(
@@ -467,11 +464,9 @@ async def test_streams_are_listed_for_debugging_and_counted(
         state = info.types[WEB]
         assert state.subscribed == (WEB,) and int(state.last_sent_version) >= 1
         stream.cancel()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while app.streams.all() or metric(app, "destination_streams", {"method": "Get"}):
-            assert loop.time() < deadline
-            await asyncio.sleep(0.01)  # polling with a deadline
+        await until(lambda: not app.streams.all()
+                    and not metric(app, "destination_streams", {"method": "Get"}),
+                    "the cancelled stream to be forgotten")
 
 
 async def test_stopping_the_server_ends_streams_with_ok(

@@ -150,6 +150,15 @@ def remove_objects(folder: Path, match: Callable[[dict[str, Any]], bool]) -> lis
     return removed
 
 
+async def until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    """Poll until `condition` holds, failing after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # a polling period under a deadline, not a wait
+
+
 def metric(app: App, name: str, labels: dict[str, str] | None = None) -> float:
     value = app.metrics.get_sample_value(name, labels or {})
     return 0.0 if value is None else value
