@@ -58,7 +58,7 @@ async def converged(app: App, linkerd: LinkerdClient, xds: list[XdsClient],
         if time.monotonic() > deadline:
             t = bad[0]
             raise AssertionError(
-                f"{len(bad)} targets disagree, e.g. {t}:\n view    {sorted(view_truth(app, t))}"
+                f"{len(bad)} targets disagree, e.g. {t}:\n view    {sorted(view_truth(app, t) or ())}"
                 f"\n linkerd {sorted(linkerd.state[t].state())}"
                 + "".join(f"\n {x.model:7} {sorted(x.state[t].state())}" for x in xds))
         await asyncio.sleep(0.02)
