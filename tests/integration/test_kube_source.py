@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import grpc
 import pytest
 from kubernetes import client, config
 
@@ -16,6 +17,7 @@ from bridge.app import App, ServeOptions
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.sources.kube import KubeSource
 from bridge.views import View, ViewChange
+from harness.clients import LinkerdClient, XdsClient
 from tests.conftest import protocol_layers
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
@@ -146,7 +148,11 @@ def served(view: View) -> set[str]:
     return {r.endpoint.ip for r in view.snapshot.values() if r.endpoint.ready}
 
 
-async def test_the_kube_source_serves_what_the_api_holds_and_follows_scaling(
+def addresses(client: LinkerdClient | XdsClient, target: str) -> set[str]:
+    return {e.address for e in client.state[target].state()}
+
+
+async def test_get_and_ads_clients_receive_what_the_api_holds_and_follow_scaling(
     objs: Objects, start_app: Callable[..., Any]
 ) -> None:
     node = objs.node("zone-a")
@@ -155,18 +161,30 @@ async def test_the_kube_source_serves_what_the_api_holds_and_follows_scaling(
     objs.service()
     objs.put_slice("web-a", [("web-1", "10.1.0.1")])
     app = await start_app()
-    view, _ = watch(app, objs.ns)
-    assert served(view) == {"10.1.0.1"}
-    (r,) = view.snapshot.values()
-    assert r.endpoint.identity == f"web.{objs.ns}.serviceaccount.identity.linkerd.cluster.local"
-    assert r.endpoint.zone is None and r.endpoint.region == ""
-    objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
-    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"})
-    objs.put_slice("web-a", [("web-2", "10.1.0.2")])
-    await eventually(lambda: served(view) == {"10.1.0.2"})
+    target = f"web.{objs.ns}.svc.cluster.local:80"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        get = LinkerdClient(channel, [target])
+        ads = XdsClient(channel, [target], delta=True)
+        tasks = [asyncio.create_task(get.run()), asyncio.create_task(ads.run())]
+        try:
+            both = (get, ads)
+            await eventually(lambda: all(addresses(c, target) == {"10.1.0.1"} for c in both))
+            (ep,) = get.state[target].state()
+            assert ep.identity == f"web.{objs.ns}.serviceaccount.identity.linkerd.cluster.local"
+            assert ep.port == 8080 and ep.hint == "h2" and ep.opaque_transport == 4143
+            assert ads.state[target].state() == get.state[target].state()
+            objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
+            await eventually(lambda: all(addresses(c, target) == {"10.1.0.1", "10.1.0.2"}
+                                         for c in both))
+            unmeshed = [e for e in get.state[target].state() if e.address == "10.1.0.2"]
+            assert unmeshed[0].identity == "" and unmeshed[0].hint == ""
+            objs.put_slice("web-a", [("web-2", "10.1.0.2")])
+            await eventually(lambda: all(addresses(c, target) == {"10.1.0.2"} for c in both))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
     assert app.source.stale is False
-    code = app.admin_port
-    assert code  # the admin port is serving /ready from the synced source
 
 
 async def test_moving_an_endpoint_between_slices_causes_no_flap(
@@ -222,6 +240,12 @@ async def test_a_410_relist_sends_no_spurious_updates(
     source = app.source
     assert isinstance(source, KubeSource)
     view, rec = watch(app, objs.ns)
+    target = f"web.{objs.ns}.svc.cluster.local:80"
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}")
+    get = LinkerdClient(channel, [target])
+    get_task = asyncio.create_task(get.run())
+    await eventually(lambda: addresses(get, target) == {"10.1.0.1"})
+    messages = get.messages
     before = {w.spec.kind: w.relists for w in source.watchers}
     # Break every watch while etcd compacts past their resourceVersions: each must
     # come back with 410 Gone and relist.
@@ -235,10 +259,15 @@ async def test_a_410_relist_sends_no_spurious_updates(
                      timeout=40)
     assert rec.changes == []
     assert served(view) == {"10.1.0.1"}
+    assert get.messages == messages  # no remove/add reached the Get stream
     # And the watches that follow the relist still deliver changes.
     objs.pod("web-2", "10.1.0.2", node)
     objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
     await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=20)
+    await eventually(lambda: addresses(get, target) == {"10.1.0.1", "10.1.0.2"})
+    get_task.cancel()
+    await asyncio.gather(get_task, return_exceptions=True)
+    await channel.close()
 
 
 async def test_endpoints_api_mode_watches_v1_endpoints(
