@@ -50,8 +50,11 @@ class UpdateEncoder:
 
     def diff(self, view: View, change: ViewChange) -> Messages:
         """What every subscriber is sent for `change` (the view's current version)."""
-        result: Messages = view.cached(_DIFF, lambda: self._encode_diff(view, change))
-        return result
+        # Called once per subscriber: a plain lookup first, no closure, on this path.
+        cached: Messages | None = view.cache.get(_DIFF)
+        if cached is None:
+            cached = view.cached(_DIFF, lambda: self._encode_diff(view, change))
+        return cached
 
     def _labels(self, view: View) -> dict[str, str]:
         labels: dict[str, str] = view.cached(

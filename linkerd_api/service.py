@@ -6,8 +6,8 @@ into a gRPC status (the one place that does, `STATUS_OF`), logs it once with the
 peer, and runs each stream's writer. What to send comes from `endpoint_streams` and
 `profile_streams`; how it is encoded from `translate` and `profiles`.
 
-Responses are written as pre-encoded bytes (the method handlers' serializer is the
-identity): a View change is serialized once, then the same bytes go to every stream.
+Responses are written as pre-encoded bytes (the method handlers have no serializer):
+a View change is serialized once, then the same bytes go to every stream.
 """
 
 from __future__ import annotations
@@ -68,10 +68,6 @@ STATUS_OF: dict[type[DestinationError], grpc.StatusCode] = {
 }
 
 _services: weakref.WeakKeyDictionary[App, DestinationService] = weakref.WeakKeyDictionary()
-
-
-def _pre_encoded(message: bytes) -> bytes:
-    return message
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,13 +149,12 @@ class DestinationService:
             ["method", "code"], registry=registry)
 
     def handler(self) -> grpc.GenericRpcHandler:
-        # Requests arrive as bytes so that an undecodable one gets a precise status.
+        # No (de)serializers: requests arrive as bytes, so that an undecodable one gets
+        # a precise status, and responses are written as the bytes encoded once per
+        # change (gRPC passes bytes through when there is no serializer).
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {
-            "Get": grpc.unary_stream_rpc_method_handler(
-                self.get, request_deserializer=None, response_serializer=_pre_encoded),
-            "GetProfile": grpc.unary_stream_rpc_method_handler(
-                self.get_profile, request_deserializer=None,
-                response_serializer=_pre_encoded),
+            "Get": grpc.unary_stream_rpc_method_handler(self.get),
+            "GetProfile": grpc.unary_stream_rpc_method_handler(self.get_profile),
         })
 
     def stop(self) -> None:

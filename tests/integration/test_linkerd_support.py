@@ -50,7 +50,7 @@ class Stream:
 
     async def rest(self, timeout: float = DEADLINE) -> tuple[list[Any], grpc.StatusCode]:
         """Every message until the server ends the stream, and its status."""
-        out = []
+        out: list[Any] = []
         while True:
             message = await asyncio.wait_for(self.call.read(), timeout)
             if message is grpc.aio.EOF:

@@ -142,8 +142,8 @@ def sp(spec: dict[str, Any], ns: str = "app") -> ServiceProfile:
 def test_without_a_service_profile_the_default_profile_is_sent() -> None:
     p = service_profile(None, fqn=FQN, service=SVC, port=80, opaque=True)
     assert p.fully_qualified_name == FQN and p.opaque_protocol is True
-    assert (p.retry_budget.retry_ratio, p.retry_budget.min_retries_per_second,
-            p.retry_budget.ttl.seconds) == (pytest.approx(0.2), 10, 10)
+    assert p.retry_budget.retry_ratio == pytest.approx(0.2)
+    assert (p.retry_budget.min_retries_per_second, p.retry_budget.ttl.seconds) == (10, 10)
     assert not p.routes and not p.dst_overrides and not p.HasField("endpoint")
     r = p.parent_ref.resource
     assert (r.group, r.kind, r.name, r.namespace, r.port) == ("core", "Service", "web", "app", 80)
