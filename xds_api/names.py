@@ -10,10 +10,15 @@ spelled canonically, so that each View has exactly one resource name.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from bridge.authority import AuthorityError, parse_authority
 from bridge.model import ViewKey
 
 
+# Every response looks its names up again; parsing once per name keeps a push to
+# thousands of streams from parsing the same name thousands of times.
+@lru_cache(maxsize=1 << 16)
 def parse_resource_name(name: str, cluster_domain: str) -> ViewKey | None:
     """The View a resource name stands for, or None if it names no service port."""
     try:

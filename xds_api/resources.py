@@ -28,6 +28,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, duration_pb2
 
 from bridge.model import BASE_WEIGHT, EndpointId, ResolvedEndpoint, ViewKey
@@ -57,18 +58,43 @@ _H2_PROTOCOLS = frozenset({"grpc", "h2", "h2c", "http2", "kubernetes.io/h2c"})
 
 @dataclass(frozen=True, slots=True)
 class EncodedResource:
-    """One resource as every stream sends it: encoded once, shared by all."""
+    """One resource as every stream sends it: encoded once, shared by all.
+
+    The few bytes that frame it in a response are computed here too, so that a push
+    to thousands of streams only joins bytes: a SotW response carries
+    `sotw_prefix + any_bytes`, a delta one `delta_head + any_bytes + delta_tail`.
+    """
 
     name: str
     version: str  # content hash: the delta per-resource version (xDS §2)
     any_bytes: bytes  # the resource wrapped in google.protobuf.Any, serialized
+    sotw_prefix: bytes  # DiscoveryResponse.resources: tag and length
+    delta_head: bytes  # DeltaDiscoveryResponse.resources: tag, length, Resource.version..
+    delta_tail: bytes  # ..and Resource.name after the Any
+
+
+_SOTW_RESOURCES = wire.field_number(discovery_pb2.DiscoveryResponse.DESCRIPTOR, "resources")
+_DELTA_RESOURCES = wire.field_number(discovery_pb2.DeltaDiscoveryResponse.DESCRIPTOR,
+                                     "resources")
+_RES_VERSION = wire.field_number(discovery_pb2.Resource.DESCRIPTOR, "version")
+_RES_RESOURCE = wire.field_number(discovery_pb2.Resource.DESCRIPTOR, "resource")
+_RES_NAME = wire.field_number(discovery_pb2.Resource.DESCRIPTOR, "name")
 
 
 def encode_resource(type_url: str, name: str, body: bytes) -> EncodedResource:
     any_bytes = (wire.string_field(_ANY_TYPE_URL, type_url)
                  + wire.length_delimited(_ANY_VALUE, body))
     version = hashlib.sha256(body).hexdigest()[:24]
-    return EncodedResource(name, version, any_bytes)
+    # A discovery.v3.Resource: version (1), resource (2), name (3), in field order.
+    head = (wire.string_field(_RES_VERSION, version)
+            + wire.length_delimited_prefix(_RES_RESOURCE, len(any_bytes)))
+    tail = wire.string_field(_RES_NAME, name)
+    size = len(head) + len(any_bytes) + len(tail)
+    return EncodedResource(
+        name, version, any_bytes,
+        sotw_prefix=wire.length_delimited_prefix(_SOTW_RESOURCES, len(any_bytes)),
+        delta_head=wire.length_delimited_prefix(_DELTA_RESOURCES, size) + head,
+        delta_tail=tail)
 
 
 def serialize(message: object) -> bytes:

@@ -213,22 +213,26 @@ def decode(message: Any, raw: bytes, metrics: XdsMetrics) -> Any:
 
 
 class StreamRunner:
-    """One gRPC stream: its reader (the handler itself) and its writer task."""
+    """One gRPC stream: its reader (the handler itself) and, while there is something
+    to send, a writer task. An idle stream has no writer and holds no response: with
+    thousands of streams per process, what one idle stream costs is what matters."""
 
-    __slots__ = ("_cut_off", "_ending", "_message", "_scheduled", "_task", "_waiter",
-                 "info", "service", "stream", "write_started")
+    __slots__ = ("_context", "_cut_off", "_ending", "_message", "_scheduled", "_task",
+                 "_writer", "info", "service", "stream", "write_started")
 
     def __init__(self, service: XdsService,
                  stream_cls: type[SotwStream] | type[DeltaStream], ads: bool,
                  context: grpc.aio.ServicerContext) -> None:
         self.service = service
-        self.info = StreamInfo(stream_cls.protocol, context.peer())
+        peer = context.peer()
+        self.info = StreamInfo(stream_cls.protocol, peer)
         self.stream: XdsStream = stream_cls(
             service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
-            max_names=service.max_names, peer=context.peer(), info=self.info)
+            max_names=service.max_names, peer=peer, info=self.info)
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
-        self._waiter: asyncio.Future[None] | None = None
+        self._context = context
+        self._writer: asyncio.Task[None] | None = None
         self._scheduled = False
         self._task: asyncio.Task[Any] | None = None
         self._ending = False
@@ -236,9 +240,10 @@ class StreamRunner:
         self.write_started: float | None = None
 
     def wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        """Something may be due: start the writer, or have the running one look again."""
+        if self._writer is None:
+            if not (self._ending or self._cut_off):
+                self._writer = asyncio.get_running_loop().create_task(self._flush())
         else:
             self._scheduled = True
 
@@ -259,14 +264,14 @@ class StreamRunner:
 
     async def run(self, context: grpc.aio.ServicerContext) -> None:
         self._task = asyncio.current_task()
-        writer = asyncio.create_task(self._write_loop(context))
         handle = self.stream.handle
+        message, metrics = self._message, self.service.metrics
         try:
             while True:
                 raw = await context.read()
                 if raw is grpc.aio.EOF:
                     return
-                handle(decode(self._message, raw, self.service.metrics))
+                handle(decode(message, raw, metrics))
         except StreamError as e:
             log.info("xds stream refused", node=self.stream.node_id, peer=self.stream.peer,
                      reason=str(e))
@@ -282,27 +287,34 @@ class StreamRunner:
                     CUT_OFF_GRACE)
             raise
         finally:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await writer
+            self._ending = True  # no new writer from here on
+            writer = self._writer
+            if writer is not None:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await writer
             self.stream.close()
 
-    async def _write_loop(self, context: grpc.aio.ServicerContext) -> None:
+    async def _flush(self) -> None:
+        """Write what is due until nothing is; responses are computed now, from the
+        current state, so changes that came meanwhile are coalesced, never queued."""
         loop = asyncio.get_running_loop()
+        context = self._context
         try:
             while True:
-                if not self._scheduled:
-                    self._waiter = loop.create_future()
-                    await self._waiter
-                    self._waiter = None
                 self._scheduled = False
-                for payload in self.stream.take_responses():
+                responses = self.stream.take_responses()
+                while responses:
                     self.write_started = loop.time()
-                    await context.write(payload)
+                    await context.write(responses.pop(0))
                     self.write_started = None
+                if not self._scheduled:
+                    return
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the call is broken: end the reader too
             log.debug("xds stream write failed", peer=self.stream.peer, error=repr(e))
             if self._task is not None:
                 self._task.cancel()
+        finally:
+            self._writer = None

@@ -25,6 +25,7 @@ from xds_api import resource_types as rt
 from xds_api import wire
 from xds_api.cache import Reply, ResourceCache
 from xds_api.metrics import XdsMetrics
+from xds_api.resources import EncodedResource
 from xds_api.subscription import ABSENT, NameChange, Subscription
 
 log = structlog.get_logger("meshbridge.xds")
@@ -42,14 +43,23 @@ _DELTA_TYPE = wire.field_number(_DELTA, "type_url")
 _DELTA_NONCE = wire.field_number(_DELTA, "nonce")
 _DELTA_REMOVED = wire.field_number(_DELTA, "removed_resources")
 _DELTA_CONTROL_PLANE = wire.field_number(_DELTA, "control_plane")
-_RES = discovery_pb2.Resource.DESCRIPTOR
-_RES_VERSION = wire.field_number(_RES, "version")
-_RES_RESOURCE = wire.field_number(_RES, "resource")
-_RES_NAME = wire.field_number(_RES, "name")
 
 CONTROL_PLANE_ID = "meshbridge"
 _CONTROL_PLANE = wire.string_field(
     wire.field_number(base_pb2.ControlPlane.DESCRIPTOR, "identifier"), CONTROL_PLANE_ID)
+_SOTW_CONTROL = wire.length_delimited(_SOTW_CONTROL_PLANE, _CONTROL_PLANE)
+_DELTA_CONTROL = wire.length_delimited(_DELTA_CONTROL_PLANE, _CONTROL_PLANE)
+_TYPE_FIELDS: dict[tuple[int, str], bytes] = {}
+
+
+def _type_field(number: int, type_url: str) -> bytes:
+    key = (number, type_url)
+    field = _TYPE_FIELDS.get(key)
+    if field is None:
+        field = wire.string_field(number, type_url)
+        if type_url in rt.SHORT:  # only served types are remembered
+            _TYPE_FIELDS[key] = field
+    return field
 DEFAULT_MAX_NAMES = 10_000
 
 
@@ -68,6 +78,9 @@ class TooManyNames(StreamError):
 class XdsStream:
     """What SotW and delta streams share: node, nonces, subscriptions, watches."""
 
+    # Thousands of these live at once; slots keep each one small.
+    __slots__ = ("_closed", "_node_seen", "_nonce", "_unknown", "_wake", "ads", "cache",
+                 "info", "max_names", "metrics", "node_id", "peer", "subs")
     api = ""
     protocol = ""
 
@@ -91,8 +104,10 @@ class XdsStream:
         self.peer = peer
         # What /debug/streams shows about this stream.
         self.info = info
-        # §1.1: the node is guaranteed only on the first request; remember it.
-        self.node: base_pb2.Node | None = None
+        # §1.1: the node is guaranteed only on the first request; remember it (its
+        # id, for logs: an Envoy node lists every extension it has, kilobytes each).
+        self.node_id = ""
+        self._node_seen = False
         self.subs: dict[str, Subscription] = {}
         self._nonce = 0
         self._unknown: list[bytes] = []
@@ -124,10 +139,6 @@ class XdsStream:
 
     # ------------------------------------------------------------ helpers
 
-    @property
-    def node_id(self) -> str:
-        return self.node.id if self.node is not None else ""
-
     def _type_of(self, type_url: str) -> str:
         if not type_url:
             if self.ads:
@@ -141,8 +152,9 @@ class XdsStream:
 
     def _remember_node(self, req: discovery_pb2.DiscoveryRequest
                        | discovery_pb2.DeltaDiscoveryRequest) -> None:
-        if self.node is None and req.HasField("node"):
-            self.node = req.node
+        if not self._node_seen and req.HasField("node"):
+            self._node_seen = True
+            self.node_id = req.node.id
             if self.info is not None:
                 self.info.client = req.node.id
 
@@ -222,6 +234,7 @@ class XdsStream:
 class SotwStream(XdsStream):
     """State-of-the-world: `StreamAggregatedResources` and `StreamEndpoints` (§1)."""
 
+    __slots__ = ()
     api = "sotw"
     protocol = "xds-sotw"
 
@@ -279,15 +292,16 @@ class SotwStream(XdsStream):
         self._unknown.append(self._frame("", (), type_url, self._next_nonce()))
         self._wake()
 
-    def _frame(self, version: str, resources: Iterable[bytes], type_url: str,
+    def _frame(self, version: str, resources: Iterable[EncodedResource], type_url: str,
                nonce: str) -> bytes:
+        # Field order as protobuf writes it: version, resources, type, nonce, control.
         parts = [wire.string_field(_SOTW_VERSION, version)]
-        for any_bytes in resources:
-            parts.append(wire.length_delimited_prefix(_SOTW_RESOURCES, len(any_bytes)))
-            parts.append(any_bytes)
-        parts.append(wire.string_field(_SOTW_TYPE, type_url))
+        for r in resources:
+            parts.append(r.sotw_prefix)
+            parts.append(r.any_bytes)
+        parts.append(_type_field(_SOTW_TYPE, type_url))
         parts.append(wire.string_field(_SOTW_NONCE, nonce))
-        parts.append(wire.length_delimited(_SOTW_CONTROL_PLANE, _CONTROL_PLANE))
+        parts.append(_SOTW_CONTROL)
         return b"".join(parts)
 
     def take_responses(self) -> list[bytes]:
@@ -302,8 +316,7 @@ class SotwStream(XdsStream):
             if reply is None:
                 continue
             nonce = self._next_nonce()
-            out.append(self._frame(reply.version, (r.any_bytes for r in reply.resources),
-                                   t, nonce))
+            out.append(self._frame(reply.version, reply.resources, t, nonce))
             changed = self._rewarm_endpoints(sub, reply) if t == rt.CLUSTER else ()
             if t in rt.FULL_STATE:
                 sub.sent = {r.name: r.version for r in reply.resources}
@@ -325,6 +338,7 @@ class SotwStream(XdsStream):
 class DeltaStream(XdsStream):
     """Incremental: `DeltaAggregatedResources` and `DeltaEndpoints` (§2)."""
 
+    __slots__ = ()
     api = "delta"
     protocol = "xds-delta"
 
@@ -372,18 +386,19 @@ class DeltaStream(XdsStream):
         self._unknown.append(self._frame("", (), removed, type_url, self._next_nonce()))
         self._wake()
 
-    def _frame(self, version: str, resources: Iterable[tuple[str, str, bytes]],
+    def _frame(self, version: str, resources: Iterable[EncodedResource],
                removed: Iterable[str], type_url: str, nonce: str) -> bytes:
+        # Field order as protobuf writes it: version, resources, type, nonce, removed,
+        # control plane.
         parts = [wire.string_field(_DELTA_VERSION, version)]
-        for name, res_version, any_bytes in resources:
-            body = (wire.string_field(_RES_VERSION, res_version)
-                    + wire.length_delimited(_RES_RESOURCE, any_bytes)
-                    + wire.string_field(_RES_NAME, name))
-            parts.append(wire.length_delimited(_DELTA_RESOURCES, body))
-        parts.append(wire.string_field(_DELTA_TYPE, type_url))
+        for r in resources:
+            parts.append(r.delta_head)
+            parts.append(r.any_bytes)
+            parts.append(r.delta_tail)
+        parts.append(_type_field(_DELTA_TYPE, type_url))
         parts.append(wire.string_field(_DELTA_NONCE, nonce))
         parts.extend(wire.length_delimited(_DELTA_REMOVED, n.encode()) for n in removed)
-        parts.append(wire.length_delimited(_DELTA_CONTROL_PLANE, _CONTROL_PLANE))
+        parts.append(_DELTA_CONTROL)
         return b"".join(parts)
 
     def take_responses(self) -> list[bytes]:
@@ -398,9 +413,7 @@ class DeltaStream(XdsStream):
             if reply is None:
                 continue
             nonce = self._next_nonce()
-            out.append(self._frame(
-                reply.version, ((r.name, r.version, r.any_bytes) for r in reply.resources),
-                reply.removed, t, nonce))
+            out.append(self._frame(reply.version, reply.resources, reply.removed, t, nonce))
             changed = self._rewarm_endpoints(sub, reply) if t == rt.CLUSTER else ()
             for r in reply.resources:
                 sub.sent[r.name] = r.version
