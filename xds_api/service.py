@@ -200,7 +200,8 @@ class XdsService:
                     if "identity" in meta.fields else "",
                 }
         message = json_format.MessageToDict(cla, preserving_proto_field_name=True)
-        return endpoints, {"version": res.version, "cla": message}
+        return endpoints, {"view_version": view.version, "resource_version": res.version,
+                           "cla": message}
 
 
 def decode(message: Any, raw: bytes, metrics: XdsMetrics) -> Any:
