@@ -35,7 +35,7 @@ def main() -> int:
                     name = who(b"", timeout=10, wait_for_ready=True).decode()
                     backends[name] = backends.get(name, 0) + 1
                 except grpc.RpcError as e:
-                    code = e.code().name  # type: ignore[attr-defined]
+                    code = e.code().name
                     errors[code] = errors.get(code, 0) + 1
             print(json.dumps({"backends": backends, "errors": errors}), flush=True)
     return 0

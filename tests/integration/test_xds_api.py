@@ -189,7 +189,8 @@ async def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path,
     def publish(count: int) -> None:
         docs = service_with_addresses("big", "big", 80, 8080,
                                       [(ip, "zone-a") for ip in addresses[:count]])
-        app.cluster.apply(Event(EventType.MODIFIED, decode_object(d)) for d in docs)
+        objs = [decode_object(d) for d in docs]
+        app.cluster.apply(Event(EventType.MODIFIED, o) for o in objs if o is not None)
 
     publish(3000)
     big = "big.big.svc.cluster.local:80"
