@@ -110,12 +110,14 @@ def service_of(app: App) -> DestinationService:
 class DestinationService:
     def __init__(self, app: App) -> None:
         extra = app.options.extra
-        semantics = extra.get("destination_semantics") or "proto"
+        semantics = extra.get("destination_semantics")
+        semantics = "proto" if semantics is None else semantics
         if semantics not in SEMANTICS:
             raise ValueError(f"destination semantics {semantics!r}: expected one of "
                              f"{', '.join(SEMANTICS)}")
-        capacity = extra.get("stream_queue_capacity") or DEFAULT_STREAM_QUEUE_CAPACITY
-        if not isinstance(capacity, int) or capacity < 1:
+        capacity = extra.get("stream_queue_capacity")
+        capacity = DEFAULT_STREAM_QUEUE_CAPACITY if capacity is None else capacity
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"stream queue capacity {capacity!r}: must be at least 1")
         self.app = app
         self.cluster = app.cluster
