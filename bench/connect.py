@@ -1,0 +1,221 @@
+"""Connect storm: thousands of proxies connecting at the same moment (a restart of the
+control plane, or of a whole node pool), each needing its full snapshot.
+
+    python -m bench.connect [--clients 5000] [--targets 2] [--services 1000]
+                            [--endpoints 20] [--procs 2] [--runs 3] [--json]
+
+meshbridge serves a static sim cluster (`--services` x `--endpoints`) in this process.
+`--procs` client processes on 127.0.0.1 hold the clients between them, a third each of
+Linkerd (one Get stream per target), xDS SotW and xDS delta (one ADS stream naming all
+its targets), every client on its own connection, following `--targets` services
+picked at random. On "go" every client connects at once; the figure is the time from
+"go" to the moment the *last* client holds every endpoint of every target (each
+client decodes what it receives and checks it has all `--endpoints` of each). Between
+runs every client disconnects and the server is left to drop every stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+import grpc
+
+from bench.common import (
+    Child,
+    StaticSource,
+    commands,
+    out_line,
+    poll,
+    print_json,
+    row,
+    serving_layers,
+)
+
+TARGET_S = 5.0
+TARGET_CLIENTS = 5000
+MODELS = ("linkerd", "sotw", "delta")
+
+
+def targets_of(index: int, services: int, targets: int) -> list[str]:
+    rng = random.Random(index * 7919 + 1)
+    return [f"svc-{i}.ns-{i % 10}.svc.cluster.local:8080"
+            for i in sorted(rng.sample(range(services), targets))]
+
+
+# ---------------------------------------------------------------------- clients
+
+
+async def run_client(args: argparse.Namespace) -> int:
+    from harness.compare_worker import ClaStates
+
+    reader = await commands()
+    states = ClaStates()
+    mine = [i for i in range(args.clients) if i % args.procs == args.proc]
+    out_line(ready=len(mine))
+    while (line := await reader.readline()):
+        await one_round(args, mine, states, json.loads(line)["t0"])
+    return 0
+
+
+async def one_round(args: argparse.Namespace, mine: list[int], states: Any,
+                    t0: float) -> None:
+    """Connect every client of this process at once, report, then disconnect all."""
+    from harness.clients import LinkerdClient, XdsClient
+
+    channels: list[grpc.aio.Channel] = []
+    clients: list[Any] = []
+    tasks: list[asyncio.Task[None]] = []
+    done_at: list[float] = []
+    options = [("grpc.use_local_subchannel_pool", 1)]
+
+    async def follow(i: int) -> None:
+        channel = grpc.aio.insecure_channel(args.server, options=options)
+        channels.append(channel)
+        targets = targets_of(i, args.services, args.targets)
+        model = MODELS[i % 3]
+        client: Any
+        if model == "linkerd":
+            client = LinkerdClient(channel, targets, i)
+            events = list(client.first_message.values())
+        else:
+            client = XdsClient(channel, targets, i, delta=model == "delta",
+                               node_id=f"connect-{i}", normalize=states)
+            events = [client.all_received]
+        clients.append(client)
+        tasks.append(asyncio.create_task(client.run()))
+        for ev in events:
+            await ev.wait()
+        if all(len(client.state[t].endpoints) == args.endpoints for t in targets):
+            done_at.append(time.monotonic())
+
+    waiters = [asyncio.create_task(follow(i)) for i in mine]
+    _, pending = await asyncio.wait(waiters, timeout=args.timeout)
+    out_line(complete=len(done_at), clients=len(mine),
+             last=max(done_at) - t0 if done_at else None,
+             first=min(done_at) - t0 if done_at else None,
+             median=statistics.median(done_at) - t0 if done_at else None)
+    for w in pending:
+        w.cancel()
+    for c in clients:
+        if isinstance(c, XdsClient):
+            await c.close()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, *pending, return_exceptions=True)
+    for ch in channels:
+        await ch.close(grace=None)
+    out_line(closed=True)
+
+
+# ---------------------------------------------------------------------- server
+
+
+async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from bridge.app import App, ServeOptions
+    from bridge.limits import Limits
+    from bridge.log import configure_logging
+    from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
+
+    configure_logging("console", "warning")
+    sim = SimCluster(Scenario(seed=9, cluster=ClusterShape(
+        namespaces=10, services=args.services, endpoints_per_service=args.endpoints,
+        zones=3), churn=Churn(rate=0)))
+    limits = Limits(max_streams_per_client=args.clients * args.targets + 100)
+    app = App(StaticSource(sim.initial_objects()), None,
+              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
+    await app.start()
+    children: list[Child] = []
+    runs: list[dict[str, Any]] = []
+    try:
+        for k in range(args.procs):
+            children.append(await Child.start(
+                "bench.connect", "--server", f"127.0.0.1:{app.grpc_port}",
+                "--clients", str(args.clients), "--targets", str(args.targets),
+                "--services", str(args.services), "--endpoints", str(args.endpoints),
+                "--procs", str(args.procs), "--proc", str(k),
+                "--timeout", str(args.timeout)))
+        for c in children:
+            await c.line()
+        for _ in range(args.runs):
+            t0 = time.monotonic()
+            for c in children:
+                await c.send(t0=t0)
+            parts = [await c.line(args.timeout + 120) for c in children]
+            complete = sum(p["complete"] for p in parts)
+            lasts = [p["last"] for p in parts if p["last"] is not None]
+            runs.append({"complete": complete, "clients": args.clients,
+                         "last_s": max(lasts) if lasts and complete == args.clients
+                         else None,
+                         "median_s": statistics.median(
+                             [p["median"] for p in parts if p["median"] is not None] or [0])})
+            for c in children:
+                await c.line(120)
+            await poll(lambda: len(app.streams) == 0, 120, "every stream dropped", 0.05)
+    finally:
+        for c in children:
+            await c.close()
+        await app.stop(grace=0.5)
+    return {"clients": args.clients, "targets": args.targets, "services": args.services,
+            "endpoints": args.endpoints, "procs": args.procs, "runs": runs}
+
+
+def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    n = result["clients"]
+    lasts = [r["last_s"] if r["last_s"] is not None else float("inf")
+             for r in result["runs"]]
+    return [row(f"{n:,} clients connecting at once ({result['targets']} targets each)",
+                "last client has its full snapshot", lasts, "s",
+                TARGET_S if n == TARGET_CLIENTS else None,
+                complete=[r["complete"] for r in result["runs"]])]
+
+
+def report(result: dict[str, Any]) -> str:
+    runs = result["runs"]
+    lasts = [r["last_s"] for r in runs]
+    shown = ", ".join("-" if x is None else f"{x:.2f}" for x in lasts)
+    ok = [x for x in lasts if x is not None]
+    return "\n".join([
+        f"connect storm: {result['clients']:,} clients (Linkerd, SotW, delta in thirds) x "
+        f"{result['targets']} targets over {result['procs']} client processes, "
+        f"{len(runs)} runs",
+        f"  last client has its full snapshot: median "
+        f"{statistics.median(ok) if len(ok) == len(lasts) else float('nan'):.2f} s "
+        f"(runs: {shown}); target <= {TARGET_S:g} s",
+        f"  complete: {', '.join(str(r['complete']) for r in runs)} of {result['clients']}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.connect", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=TARGET_CLIENTS)
+    p.add_argument("--targets", type=int, default=2)
+    p.add_argument("--services", type=int, default=1000)
+    p.add_argument("--endpoints", type=int, default=20)
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--server", help=argparse.SUPPRESS)
+    p.add_argument("--proc", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.client:
+        return asyncio.run(run_client(args))
+    result = asyncio.run(run_bench(args))
+    if args.json:
+        print_json("connect", rows(result), result)
+    else:
+        print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""Fan-out: one endpoint change on a View that N streams of one protocol watch.
+
+    python -m bench.fanout --protocol get|sotw|delta [--streams 5000] [--runs 7]
+                           [--channels 50] [--endpoints 10] [--json]
+
+meshbridge (both protocol layers, as `serve` mounts them) runs in this process; the
+N client streams run in a child process on 127.0.0.1, spread over `--channels`
+connections, each behaving as its proxy does (Linkerd `Get`: read; xDS SotW and
+delta ADS: read and ACK every response). Each run scales the watched service up or
+down by one pod, applied straight to the cluster cache, and measures the time from
+that apply to the moment the *last* stream has decoded the resulting message
+(CLOCK_MONOTONIC is one clock for both processes); the figure is the median over
+the runs. Before each run the server is idle (every response ACKed, every queue
+empty), so the runs do not overlap.
+
+Memory per idle subscriber is the server's resident-memory growth per stream
+between N/5 and N open streams (what is paid once, such as code and the first
+caches, is not counted); server CPU per change is this process's CPU time (every
+thread, gRPC's included) from the apply to the last stream having the change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+import grpc
+
+from bench.common import (
+    Child,
+    StaticSource,
+    commands,
+    cpu_seconds,
+    out_line,
+    poll,
+    print_json,
+    row,
+    rss_kib,
+    serving_layers,
+)
+
+PROTOCOLS = ("get", "sotw", "delta")
+TITLES = {"get": "Linkerd Get", "sotw": "xDS SotW EDS", "delta": "xDS delta EDS"}
+TARGET_MS = {"get": 250.0, "sotw": 300.0, "delta": 300.0}  # at 5,000 streams (issue 8)
+TARGET_KIB = 20.0
+TARGET_STREAMS = 5000
+GET = "/io.linkerd.proxy.destination.Destination/Get"
+ADS_SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+ADS_DELTA = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+
+
+def scenario(endpoints: int) -> Any:
+    from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
+
+    return SimCluster(Scenario(seed=5, cluster=ClusterShape(
+        namespaces=1, services=1, endpoints_per_service=endpoints, zones=3),
+        churn=Churn(rate=0)))
+
+
+TARGET = "svc-0.ns-0.svc.cluster.local:8080"
+
+
+# ---------------------------------------------------------------------- the client
+
+
+async def run_client(args: argparse.Namespace) -> int:
+    from envoy.service.discovery.v3 import discovery_pb2
+
+    from linkerd_api.proto import destination_pb2
+
+    options = [("grpc.use_local_subchannel_pool", 1),  # one connection per channel
+               ("grpc.max_receive_message_length", 64 << 20)]
+    channels = [grpc.aio.insecure_channel(args.server, options=options)
+                for _ in range(args.channels)]
+    received: dict[int, int] = {}
+    first_at: dict[int, float] = {}
+    opened = 0
+    ready = asyncio.Event()
+    goal = 0
+
+    def got(n: int, now: float) -> None:
+        nonlocal opened
+        if n == 0:
+            opened += 1
+            if opened >= goal:
+                ready.set()
+            return
+        count = received[n] = received.get(n, 0) + 1
+        if count == 1:
+            first_at[n] = now
+        if count == args.streams:
+            out_line(run=n, first=first_at[n], last=now)
+
+    get_request = destination_pb2.GetDestination(scheme="k8s", path=TARGET).SerializeToString()
+
+    async def linkerd(i: int) -> None:
+        call = channels[i % len(channels)].unary_stream(GET)(get_request)
+        n = 0
+        async for _raw in call:
+            got(n, time.monotonic())
+            n += 1
+
+    async def sotw(i: int) -> None:
+        call = channels[i % len(channels)].stream_stream(ADS_SOTW)()
+        first = discovery_pb2.DiscoveryRequest(type_url=EDS, resource_names=[TARGET])
+        first.node.id = f"bench-{i}"
+        await call.write(first.SerializeToString())
+        n = 0
+        while (raw := await call.read()) is not grpc.aio.EOF:
+            now = time.monotonic()
+            resp = discovery_pb2.DiscoveryResponse.FromString(raw)
+            got(n, now)
+            n += 1
+            await call.write(discovery_pb2.DiscoveryRequest(
+                type_url=EDS, resource_names=[TARGET], version_info=resp.version_info,
+                response_nonce=resp.nonce).SerializeToString())
+
+    async def delta(i: int) -> None:
+        call = channels[i % len(channels)].stream_stream(ADS_DELTA)()
+        first = discovery_pb2.DeltaDiscoveryRequest(type_url=EDS,
+                                                    resource_names_subscribe=[TARGET])
+        first.node.id = f"bench-{i}"
+        await call.write(first.SerializeToString())
+        n = 0
+        while (raw := await call.read()) is not grpc.aio.EOF:
+            now = time.monotonic()
+            resp = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
+            got(n, now)
+            n += 1
+            await call.write(discovery_pb2.DeltaDiscoveryRequest(
+                type_url=EDS, response_nonce=resp.nonce).SerializeToString())
+
+    follow = {"get": linkerd, "sotw": sotw, "delta": delta}[args.protocol]
+    tasks: list[asyncio.Task[None]] = []
+    for goal in (args.first_phase, args.streams):
+        ready.clear()
+        tasks.extend(asyncio.create_task(follow(i)) for i in range(len(tasks), goal))
+        await asyncio.wait_for(ready.wait(), 300)
+        out_line(ready=goal)
+    reader = await commands()
+    await reader.read()  # until the parent closes stdin
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for c in channels:
+        await c.close(grace=None)
+    return 0
+
+
+# ---------------------------------------------------------------------- the server
+
+
+def idle_check(app: Any, protocol: str) -> Any:
+    """True when the server has nothing left to do for the streams: every xDS
+    response ACKed, every Linkerd queue empty."""
+    if protocol == "get":
+        from linkerd_api.service import service_of
+
+        streams = service_of(app).streams
+        return lambda: all(len(q) == 0 for q in streams)
+    from xds_api import resource_types as rt
+    from xds_api import service as xds_service
+
+    runners = xds_service.SERVICES[app].runners
+
+    def idle() -> bool:
+        for r in runners:
+            sub = r.stream.subs.get(rt.ENDPOINT)
+            if sub is None or sub.acked_version != sub.version_sent or r.write_started:
+                return False
+        return True
+
+    return idle
+
+
+def open_streams(app: Any, protocol: str) -> int:
+    counts = app.streams.counts()
+    return int(counts.get({"get": "linkerd-get", "sotw": "xds-sotw",
+                           "delta": "xds-delta"}[protocol], 0))
+
+
+async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from bridge.app import App, ServeOptions
+    from bridge.limits import Limits
+    from bridge.log import configure_logging
+
+    configure_logging("console", "warning")
+    sim = scenario(args.endpoints)
+    limits = Limits(max_streams_per_client=args.streams * 2 + 100)
+    app = App(StaticSource(sim.initial_objects()), None,
+              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
+    await app.start()
+    child: Child | None = None
+    try:
+        gc.collect()
+        rss0 = rss_kib()
+        if args.trace_memory:
+            tracemalloc.start()
+        child = await Child.start(
+            "bench.fanout", "--protocol", args.protocol, "--server",
+            f"127.0.0.1:{app.grpc_port}", "--streams", str(args.streams),
+            "--first-phase", str(max(1, args.streams // 5)), "--channels", str(args.channels))
+        idle = idle_check(app, args.protocol)
+        readings = []
+        for _phase in range(2):
+            ready = (await child.line())["ready"]
+            await poll(lambda n=ready: open_streams(app, args.protocol) >= n and idle(), 120,
+                       "streams open and idle")
+            gc.collect()
+            readings.append((ready, rss_kib(), tracemalloc.get_traced_memory()[0]))
+        tracemalloc.stop()
+        (n1, rss1, heap1), (n2, rss2, heap2) = readings
+        svc = sim.services[0]
+        latencies, firsts, cpu_ms = [], [], []
+        profiler = None
+        if args.profile:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.0005, async_mode="disabled")
+            profiler.start()
+        for run in range(1, args.runs + 1):
+            await poll(idle, 120, "server idle before a run")
+            # Alternate up and down so the View keeps its size.
+            events = sim._step_scale(svc, up=run % 2 == 1)
+            cpu0 = cpu_seconds()
+            t0 = time.monotonic()
+            app.cluster.apply(events)
+            got = await child.line()
+            cpu_ms.append((cpu_seconds() - cpu0) * 1000)
+            assert got["run"] == run, got
+            latencies.append((got["last"] - t0) * 1000)
+            firsts.append((got["first"] - t0) * 1000)
+        if profiler is not None:
+            profiler.stop()
+            with open(args.profile, "w", encoding="utf-8") as f:
+                f.write(profiler.output_text(unicode=True, show_all=False))
+    finally:
+        if child is not None:
+            await child.close()
+        await app.stop(grace=0.5)
+    return {
+        "protocol": args.protocol, "streams": args.streams, "channels": args.channels,
+        "endpoints": args.endpoints, "runs": args.runs,
+        "all_received_ms": latencies, "first_received_ms": firsts,
+        "server_cpu_ms": cpu_ms,
+        "memory_per_idle_stream_kib": (rss2 - rss1) / (n2 - n1),
+        "python_heap_per_idle_stream_kib": ((heap2 - heap1) / 1024 / (n2 - n1)
+                                            if args.trace_memory else None),
+        "server_rss_mib": {"start": rss0 / 1024, "first_phase": rss1 / 1024,
+                           "all": rss2 / 1024},
+    }
+
+
+def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    p, n = result["protocol"], result["streams"]
+    target = TARGET_MS[p] if n == TARGET_STREAMS else None
+    out = [row(f"fan-out: one change to {n:,} {TITLES[p]} streams",
+               "last stream has it", result["all_received_ms"], "ms", target,
+               first_ms=result["first_received_ms"], server_cpu_ms=result["server_cpu_ms"])]
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    import statistics
+
+    lat = result["all_received_ms"]
+    return "\n".join([
+        f"fan-out: {result['streams']:,} {TITLES[result['protocol']]} streams over "
+        f"{result['channels']} connections, one View of {result['endpoints']} endpoints, "
+        f"{result['runs']} runs",
+        f"  last stream has the change: median {statistics.median(lat):.1f} ms "
+        f"(min {min(lat):.1f}, max {max(lat):.1f})",
+        f"  first stream has it: median {statistics.median(result['first_received_ms']):.1f}"
+        " ms",
+        f"  server CPU per change: median {statistics.median(result['server_cpu_ms']):.1f} ms",
+        f"  memory per idle stream: {result['memory_per_idle_stream_kib']:.1f} KiB "
+        f"(server RSS {result['server_rss_mib']['start']:.0f} -> "
+        f"{result['server_rss_mib']['all']:.0f} MiB)"
+        + (f", Python heap {result['python_heap_per_idle_stream_kib']:.1f} KiB of it"
+           if result["python_heap_per_idle_stream_kib"] is not None else ""),
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.fanout", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--protocol", choices=PROTOCOLS, default="get")
+    p.add_argument("--streams", type=int, default=TARGET_STREAMS)
+    p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--channels", type=int, default=50,
+                   help="client connections the streams are spread over")
+    p.add_argument("--endpoints", type=int, default=10)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--profile", metavar="FILE",
+                   help="profile the server during the runs (pyinstrument) into FILE")
+    p.add_argument("--trace-memory", action="store_true",
+                   help="also measure the Python heap per stream (tracemalloc; slower)")
+    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--server", help=argparse.SUPPRESS)
+    p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.client:
+        return asyncio.run(run_client(args))
+    result = asyncio.run(run_bench(args))
+    if args.json:
+        print_json("fanout", rows(result), result)
+    else:
+        print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
