@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from bridge.model import ServiceKey
 from bridge.objects import (
     EndpointSlice,
+    Job,
     KubeObject,
     Namespace,
     Node,
@@ -82,10 +83,11 @@ class Cluster:
         # service while this is positive, without rescanning the service's slices.
         self._pod_refs: dict[tuple[ServiceKey, PodKey], int] = {}
         # Bumped whenever an object that enrichment reads besides pods and slices
-        # changes (Nodes, ReplicaSets, Servers), so memoised enrichment can tell.
+        # changes (Nodes, ReplicaSets, Jobs, Servers), so memoised enrichment can tell.
         self.enrich_epoch = 0
         self.nodes: dict[str, Node] = {}
         self.replicasets: dict[PodKey, ReplicaSet] = {}
+        self.jobs: dict[PodKey, Job] = {}
         self.servers: defaultdict[str, dict[str, Server]] = defaultdict(dict)
         self.profiles: dict[tuple[str, str], ServiceProfile] = {}
         self.namespaces: dict[str, Namespace] = {}
@@ -124,6 +126,7 @@ class Cluster:
             "pods": len(self.pods),
             "nodes": len(self.nodes),
             "replicasets": len(self.replicasets),
+            "jobs": len(self.jobs),
             "servers": sum(len(v) for v in self.servers.values()),
             "serviceprofiles": len(self.profiles),
         }
@@ -137,6 +140,7 @@ class Cluster:
             "Pod": self.pods.values(),
             "Node": self.nodes.values(),
             "ReplicaSet": self.replicasets.values(),
+            "Job": self.jobs.values(),
             "Server": (s for by_ns in self.servers.values() for s in by_ns.values()),
             "ServiceProfile": self.profiles.values(),
             "Namespace": self.namespaces.values(),
@@ -224,6 +228,13 @@ class Cluster:
                 self.replicasets[rkey] = obj
                 change.namespaces.add(obj.meta.namespace)
                 self.enrich_epoch += 1
+            case Job():
+                jkey = (obj.meta.namespace, obj.meta.name)
+                if self.jobs.get(jkey) == obj:
+                    return
+                self.jobs[jkey] = obj
+                change.namespaces.add(obj.meta.namespace)
+                self.enrich_epoch += 1
             case Server():
                 if self.servers[obj.meta.namespace].get(obj.meta.name) == obj:
                     return
@@ -265,6 +276,10 @@ class Cluster:
                     self.enrich_epoch += 1
             case ReplicaSet():
                 if self.replicasets.pop((ns, name), None) is not None:
+                    change.namespaces.add(ns)
+                    self.enrich_epoch += 1
+            case Job():
+                if self.jobs.pop((ns, name), None) is not None:
                     change.namespaces.add(ns)
                     self.enrich_epoch += 1
             case Server():

@@ -47,7 +47,8 @@ class Enrichment:
 
 
 def resolve_owner(pod: Pod, cluster: Cluster) -> tuple[str, str]:
-    """(kind, name) of the workload that owns a pod, looking through ReplicaSets."""
+    """(kind, name) of the workload that owns a pod, looking through ReplicaSets to their
+    Deployment (etc.) and Jobs to their CronJob."""
     if len(pod.meta.owners) != 1:
         return ("pod", pod.meta.name)
     owner = pod.meta.owners[0]
@@ -58,6 +59,11 @@ def resolve_owner(pod: Pod, cluster: Cluster) -> tuple[str, str]:
         if len(rs.meta.owners) == 1 and rs.meta.owners[0].kind in _GRANDPARENT_KINDS:
             return (rs.meta.owners[0].kind.lower(), rs.meta.owners[0].name)
         return ("replicaset", owner.name)
+    if owner.kind == "Job":
+        job = cluster.jobs.get((pod.meta.namespace, owner.name))
+        if job is not None and len(job.meta.owners) == 1:
+            return (job.meta.owners[0].kind.lower(), job.meta.owners[0].name)
+        return ("job", owner.name)
     return (owner.kind.lower(), owner.name)
 
 

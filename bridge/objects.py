@@ -161,6 +161,14 @@ class ReplicaSet:
 
 
 @dataclass(frozen=True, slots=True)
+class Job:
+    """Only its owner matters: a CronJob's pods are labelled after the CronJob."""
+
+    meta: Meta
+    kind: str = "Job"
+
+
+@dataclass(frozen=True, slots=True)
 class Server:
     """Linkerd's policy.linkerd.io Server: only what decides opaque protocol."""
 
@@ -193,12 +201,13 @@ class Namespace:
 
 
 KubeObject = (
-    Service | EndpointSlice | Pod | Node | ReplicaSet | Server | ServiceProfile | Namespace
+    Service | EndpointSlice | Pod | Node | ReplicaSet | Job | Server | ServiceProfile
+    | Namespace
 )
 
 # Kinds we decode, and the ones we recognise but have no use for (logged at debug only).
 IGNORED_KINDS = frozenset(
-    {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob", "ConfigMap", "Secret",
+    {"Deployment", "StatefulSet", "DaemonSet", "CronJob", "ConfigMap", "Secret",
      "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 )
 
@@ -553,6 +562,7 @@ _DECODERS: dict[str, Any] = {
     "Pod": _decode_pod,
     "Node": lambda raw: Node(_meta(raw, "Node", False)),
     "ReplicaSet": lambda raw: ReplicaSet(_meta(raw, "ReplicaSet", True)),
+    "Job": lambda raw: Job(_meta(raw, "Job", True)),
     "Server": _decode_server,
     "ServiceProfile": _decode_profile,
     "Namespace": lambda raw: Namespace(_meta(raw, "Namespace", False)),
@@ -599,6 +609,7 @@ def tombstone(kind: str, namespace: str, name: str) -> KubeObject | None:
         "Pod": lambda: Pod(meta),
         "Node": lambda: Node(Meta(name=name, namespace="")),
         "ReplicaSet": lambda: ReplicaSet(meta),
+        "Job": lambda: Job(meta),
         "Server": lambda: Server(meta, None, 0),
         "ServiceProfile": lambda: ServiceProfile(meta, {}),
         "Namespace": lambda: Namespace(Meta(name=name, namespace="")),

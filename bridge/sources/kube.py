@@ -65,6 +65,7 @@ KINDS = {
     "Node": KindSpec("Node", "/api/v1/nodes", "nodes", "node"),
     "ReplicaSet": KindSpec("ReplicaSet", "/apis/apps/v1/replicasets", "replicasets",
                            "replicaset"),
+    "Job": KindSpec("Job", "/apis/batch/v1/jobs", "jobs", "job"),
     "Server": KindSpec("Server", "/apis/policy.linkerd.io/v1beta3/servers", "servers",
                        "server", optional=True),
     "ServiceProfile": KindSpec("ServiceProfile", "/apis/linkerd.io/v1alpha2/serviceprofiles",
@@ -75,7 +76,8 @@ KINDS = {
 def watched_kinds(endpoints_api: str) -> list[KindSpec]:
     """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this."""
     endpoints = "Endpoints" if endpoints_api == "endpoints" else "EndpointSlice"
-    order = ["Node", "ReplicaSet", "Pod", "Server", "Service", endpoints, "ServiceProfile"]
+    order = ["Node", "ReplicaSet", "Job", "Pod", "Server", "Service", endpoints,
+             "ServiceProfile"]
     return [KINDS[k] for k in order]
 
 

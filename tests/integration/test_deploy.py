@@ -141,6 +141,6 @@ async def test_a_denied_kind_is_reported_and_the_others_keep_working(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     denied = {e["kind"] for e in logs if e.get("event", "").startswith("access denied")}
-    assert denied == {"ReplicaSet", "Server", "ServiceProfile"}
+    assert denied == {"ReplicaSet", "Job", "Server", "ServiceProfile"}
     assert cluster.services  # the kinds it may read were listed
     assert not source.stale

@@ -150,13 +150,16 @@ def test_meshed_pod_with_a_broken_proxy_is_dropped(env: list[dict[str, str]]) ->
         (("ReplicaSet", "web-5d9"), [], ("replicaset", "web-5d9")),
         (("StatefulSet", "db"), [], ("statefulset", "db")),
         (("Job", "backup-1"), [], ("k8s_job", "backup-1")),
+        (("Job", "backup-1"), [("backup-1", ("CronJob", "backup"))], ("cronjob", "backup")),
         (("DaemonSet", "agent"), [], ("daemonset", "agent")),
     ],
 )
 def test_owner_kind_metric_labels(owner: tuple[str, str] | None,
                                   replicasets: list[tuple[str, tuple[str, str]]],
                                   label: tuple[str, str]) -> None:
-    rs_objs = [{"kind": "ReplicaSet", "metadata": {"name": n, "namespace": "app",
+    # The owner objects: ReplicaSets, or a Job when the pod's owner is a Job.
+    owner_kind = "Job" if owner and owner[0] == "Job" else "ReplicaSet"
+    rs_objs = [{"kind": owner_kind, "metadata": {"name": n, "namespace": "app",
                 "ownerReferences": [{"kind": k, "name": o}]}} for n, (k, o) in replicasets]
     raw = pod("web-1", "10.0.0.1", owner=owner, labels={"pod-template-hash": "5d9"})
     eps = served(service("web"), raw, *rs_objs,
