@@ -82,9 +82,15 @@ class Subscription:
         added = frozenset(wanted - self.names)
         removed = frozenset(self.names - wanted)
         self.names = wanted
-        for name in removed:
-            # §1.5: a name asked for again later must be sent again, even unchanged.
-            self.sent.pop(name, None)
+        if self.wildcard:
+            if removed:
+                # §1.6: under `*` the client still holds what it stopped naming; the
+                # full-state set decides whether it keeps it, so look at it again.
+                self.dirty.add(rt.WILDCARD)
+        else:
+            for name in removed:
+                # §1.5: a name asked for again later must be sent again, even unchanged.
+                self.sent.pop(name, None)
         if was_wildcard and not self.wildcard:
             # What only `*` brought is no longer the client's concern; dropping a
             # subscription needs no response (§1.8), so nothing may look due for it.
@@ -129,11 +135,17 @@ class Subscription:
             if self.wildcard_capable and not subscribe and not unsubscribe:
                 # §2 legacy wildcard: a first request with both lists empty is `*`.
                 self.wildcard = True
+        # `*` first: a request that both adds `*` and drops a name leaves that name
+        # under the wildcard, and must be answered as such.
+        if self.wildcard_capable:
+            if rt.WILDCARD in subscribe:
+                self.wildcard = True
+            if rt.WILDCARD in unsubscribe:
+                self.wildcard = False
         added: set[str] = set()
         removed: set[str] = set()
         for name in unsubscribe:
             if name == rt.WILDCARD and self.wildcard_capable:
-                self.wildcard = False
                 continue
             if name not in self.names:
                 continue  # §2: unsubscribing from what is not subscribed is ignored
@@ -148,7 +160,6 @@ class Subscription:
                 self.sent.pop(name, None)
         for name in subscribe:
             if name == rt.WILDCARD and self.wildcard_capable:
-                self.wildcard = True
                 continue
             if name in removed:
                 removed.discard(name)

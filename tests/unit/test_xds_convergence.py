@@ -73,9 +73,9 @@ class SotwModel:
         self.asked[type_url] = names
         self.client.request(type_url, names)
         sub = self.client.stream.subs[type_url]
-        if not sub.names and not sub.wildcard:
-            self.held[type_url] = {}  # unsubscribed from everything: the client forgets
-        elif type_url in (EDS, RDS):
+        if not sub.wildcard:
+            # A client forgets what it no longer subscribes to; the server owes it no
+            # response for that (§1.8), full-state type or not.
             self.held[type_url] = {n: v for n, v in self.held[type_url].items()
                                    if n in sub.names}
 

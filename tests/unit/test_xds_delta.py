@@ -207,3 +207,14 @@ def test_dropping_the_wildcard_forgets_what_only_it_brought() -> None:
     world.delete_service("api")  # the client no longer holds api: nothing to say
     assert client.responses() == []
     assert set(client.stream.subs[CDS].sent) == {WEB}
+
+
+def test_adding_the_wildcard_and_dropping_a_name_at_once_answers_under_the_wildcard() -> None:
+    world = World()
+    client = world.delta()
+    client.request(LDS, [WEB])
+    client.responses()
+    client.ack(LDS)
+    client.request(LDS, ["*"], [WEB])
+    # `*` covers no listener, so the one it dropped is removed.
+    assert list(client.one(LDS).removed_resources) == [WEB]

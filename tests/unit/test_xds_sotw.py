@@ -342,3 +342,21 @@ def test_closing_a_stream_releases_its_views_and_watches() -> None:
     client.stream.close()
     assert world.views.views() == []
     assert not world.cache._wildcard[CDS] and not world.cache._watchers[LDS]
+
+
+def test_dropping_a_name_under_the_wildcard_resends_the_full_state() -> None:
+    # Found by the convergence property test: the client still holds the listener it
+    # stopped naming, and `*` for LDS covers nothing, so it must hear the set is empty.
+    world = World()
+    client = world.sotw()
+    client.request(LDS, [WEB])
+    assert client.names(LDS) == [WEB]
+    client.ack(LDS, ["*"])
+    assert client.one(LDS).resources == []
+    # For CDS, `*` covers the cluster: the client keeps it and hears nothing.
+    client.request(CDS, [WEB])
+    client.responses()
+    client.ack(CDS, ["*", WEB])
+    assert client.names(CDS) == [API, WEB]
+    client.ack(CDS, ["*"])
+    assert client.responses() == []
