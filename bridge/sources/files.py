@@ -139,6 +139,13 @@ class FilesSource:
                 # Remember the stamp so the error is logged once per edit, not per tick.
                 self._files[path] = _FileState(stamp, old.objects if old else {})
                 continue
+            except RecursionError:
+                # Nested deeper than the YAML parser can follow: as unparseable as bad
+                # YAML (found by fuzz/fuzz_inputs.py; it used to end the source).
+                log.error("manifest file nests too deeply to parse; keeping its last good "
+                          "state", file=str(path))
+                self._files[path] = _FileState(stamp, old.objects if old else {})
+                continue
             except (OSError, UnicodeDecodeError) as e:
                 log.error("manifest file unreadable; keeping its last good state",
                           file=str(path), reason=str(e))

@@ -1,0 +1,89 @@
+"""A short run of the fuzz target (fuzz/fuzz_inputs.py) on every `make test`, seeded
+with one well-formed input per decoder so the mutations start deep; the long run is
+in docs/reliability.md. Also the bad inputs the fuzzer found, kept as tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from bridge.cluster import Cluster
+from bridge.model import ServiceKey
+from bridge.sources import DEMO_DIR
+from bridge.sources.files import FilesSource
+from linkerd_api.proto import destination_pb2
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = REPO / "fuzz" / "fuzz_inputs.py"
+EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+WEB = "web.app.svc.cluster.local:80"
+RUNS = int(os.environ.get("MESHBRIDGE_FUZZ_RUNS", "30000"))
+
+
+def seeds(folder: Path) -> None:
+    folder.mkdir()
+    sotw = discovery_pb2.DiscoveryRequest(type_url=EDS, resource_names=[WEB, "x:1"])
+    sotw.node.id = "fuzz"
+    delta = discovery_pb2.DeltaDiscoveryRequest(type_url=EDS, resource_names_subscribe=[WEB],
+                                                initial_resource_versions={WEB: "v"})
+    get = destination_pb2.GetDestination(
+        scheme="k8s", path=WEB, context_token='{"ns":"app","nodeName":"node-a"}')
+    manifest = DEMO_DIR / "10-emojivoto.yaml"
+    inputs = {
+        "sotw": b"\x00" + sotw.SerializeToString(),
+        "delta": b"\x01" + delta.SerializeToString(),
+        "get": b"\x02" + get.SerializeToString(),
+        "manifest": b"\x03" + (manifest.read_bytes() if manifest.exists()
+                               else b"kind: Service\nmetadata: {name: a, namespace: b}\n"),
+    }
+    for name, data in inputs.items():
+        (folder / name).write_bytes(data)
+
+
+def test_a_short_fuzz_run_finds_no_crash(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    seeds(corpus)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(TARGET), f"-atheris_runs={RUNS}", "-max_len=4096",
+         "-timeout=20", "-rss_limit_mb=3072", f"-artifact_prefix={tmp_path}/", str(corpus)],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert f"Done {RUNS}" in tail, tail
+    assert not list(tmp_path.glob("crash-*")), tail
+    assert time.monotonic() - started < 200
+
+
+async def test_a_manifest_nested_too_deeply_keeps_the_last_good_state(tmp_path: Path) -> None:
+    # Found by the fuzzer: the YAML parser recursed out of the stack and ended the source.
+    (tmp_path / "web.yaml").write_text(
+        "kind: Service\nmetadata: {name: web, namespace: app}\n"
+        "spec: {ports: [{name: http, port: 80}]}\n")
+    source = FilesSource(tmp_path, poll_interval=0.01)
+    cluster = Cluster()
+    synced = asyncio.Event()
+    task = asyncio.create_task(source.run(cluster, synced))
+    try:
+        await asyncio.wait_for(synced.wait(), 10)
+        assert ServiceKey("app", "web") in cluster.services
+        (tmp_path / "web.yaml").write_text("[" * 20000 + "]" * 20000)
+        (tmp_path / "api.yaml").write_text(
+            "kind: Service\nmetadata: {name: api, namespace: app}\n"
+            "spec: {ports: [{name: http, port: 80}]}\n")
+        deadline = time.monotonic() + 10
+        while ServiceKey("app", "api") not in cluster.services:
+            assert not task.done(), task
+            assert time.monotonic() < deadline, "the source stopped following the folder"
+            await asyncio.sleep(0.02)  # polling with a deadline
+        assert ServiceKey("app", "web") in cluster.services  # its last good state
+        assert not task.done()
+    finally:
+        task.cancel()
