@@ -326,13 +326,16 @@ def _decode_service(raw: Mapping[str, Any]) -> Service:
     spec = _map(raw.get("spec"), "Service", n, "spec")
     stype = _str(spec.get("type"), "Service", n, "spec.type", "ClusterIP")
     ports = []
-    seen: set[int] = set()
+    # Kubernetes allows one port number once per protocol (kube-dns: 53/UDP and 53/TCP).
+    seen: set[tuple[int, str]] = set()
     for i, p in enumerate(_list(spec.get("ports"), "Service", n, "spec.ports")):
         p = _map(p, "Service", n, f"spec.ports[{i}]")
         number = _port(p.get("port"), "Service", n, f"spec.ports[{i}].port")
-        if number in seen:
-            raise ObjectError("Service", n, f"spec.ports[{i}].port {number} is declared twice")
-        seen.add(number)
+        proto = _str(p.get("protocol"), "Service", n, "protocol", "TCP")
+        if (number, proto) in seen:
+            raise ObjectError("Service", n,
+                              f"spec.ports[{i}].port {number}/{proto} is declared twice")
+        seen.add((number, proto))
         tp = p.get("targetPort")
         if (tp is not None and not isinstance(tp, int | str)) or isinstance(tp, bool):
             raise ObjectError("Service", n, f"spec.ports[{i}].targetPort is not a port")
@@ -340,7 +343,7 @@ def _decode_service(raw: Mapping[str, Any]) -> Service:
             name=_str(p.get("name"), "Service", n, f"spec.ports[{i}].name"),
             port=number,
             target_port=tp,
-            protocol=_str(p.get("protocol"), "Service", n, "protocol", "TCP"),
+            protocol=proto,
             app_protocol=_str(p.get("appProtocol"), "Service", n, "appProtocol"),
         ))
     ips = [x for x in _list(spec.get("clusterIPs"), "Service", n, "spec.clusterIPs")]

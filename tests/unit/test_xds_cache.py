@@ -60,6 +60,17 @@ def test_every_service_port_is_a_cluster_except_external_names() -> None:
         [API, WEB, name("multi", 80), name("multi", 81), name("multi", 53)])
 
 
+def test_a_port_served_over_tcp_and_udp_is_one_cluster() -> None:
+    # Core fix: the decoder refused the whole Service (kube-dns is one).
+    world = World()
+    load(world.cluster, service("dns", ports=[
+        {"name": "dns", "port": 53, "protocol": "UDP"},
+        {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+        {"name": "metrics", "port": 9153}]))
+    assert name("dns", 53) in world.cache.port_names()
+    assert name("dns", 9153) in world.cache.port_names()
+
+
 def test_an_external_name_service_has_an_empty_cla_until_it_changes_type() -> None:
     world = World()
     load(world.cluster, service("mail", type="ExternalName", externalName="smtp.example.com"))
