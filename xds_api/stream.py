@@ -61,6 +61,7 @@ def _type_field(number: int, type_url: str) -> bytes:
             _TYPE_FIELDS[key] = field
     return field
 DEFAULT_MAX_NAMES = 10_000
+MAX_QUEUED_UNKNOWN = 16
 
 
 class StreamError(Exception):
@@ -219,6 +220,13 @@ class XdsStream:
                 del eds.sent[name]
             eds.dirty.add(name)
 
+    def _answer_unknown(self, response: bytes) -> None:
+        # The only responses ever queued: bounded, so that a client spamming unknown
+        # types without reading cannot grow the stream.
+        if len(self._unknown) < MAX_QUEUED_UNKNOWN:
+            self._unknown.append(response)
+            self._wake()
+
     def close(self) -> None:
         """Release every watch; the stream is over."""
         if self._closed:
@@ -289,8 +297,7 @@ class SotwStream(XdsStream):
         if req.response_nonce:
             return
         log.info("xds request for an unserved type", node=self.node_id, type=type_url)
-        self._unknown.append(self._frame("", (), type_url, self._next_nonce()))
-        self._wake()
+        self._answer_unknown(self._frame("", (), type_url, self._next_nonce()))
 
     def _frame(self, version: str, resources: Iterable[EncodedResource], type_url: str,
                nonce: str) -> bytes:
@@ -383,8 +390,7 @@ class DeltaStream(XdsStream):
             return
         log.info("xds request for an unserved type", node=self.node_id, type=type_url)
         removed = [n for n in dict.fromkeys(req.resource_names_subscribe) if n != rt.WILDCARD]
-        self._unknown.append(self._frame("", (), removed, type_url, self._next_nonce()))
-        self._wake()
+        self._answer_unknown(self._frame("", (), removed, type_url, self._next_nonce()))
 
     def _frame(self, version: str, resources: Iterable[EncodedResource],
                removed: Iterable[str], type_url: str, nonce: str) -> bytes:

@@ -360,3 +360,10 @@ def test_dropping_a_name_under_the_wildcard_resends_the_full_state() -> None:
     assert client.names(CDS) == [API, WEB]
     client.ack(CDS, ["*"])
     assert client.responses() == []
+
+
+def test_answers_to_unknown_types_are_bounded_for_a_client_that_does_not_read() -> None:
+    client = World().sotw()
+    for i in range(1000):
+        client.request(f"type.googleapis.com/spam.T{i}", ["x"], nonce="")
+    assert len(client.responses()) == 16
