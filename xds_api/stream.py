@@ -32,13 +32,11 @@ log = structlog.get_logger("meshbridge.xds")
 
 _SOTW = discovery_pb2.DiscoveryResponse.DESCRIPTOR
 _SOTW_VERSION = wire.field_number(_SOTW, "version_info")
-_SOTW_RESOURCES = wire.field_number(_SOTW, "resources")
 _SOTW_TYPE = wire.field_number(_SOTW, "type_url")
 _SOTW_NONCE = wire.field_number(_SOTW, "nonce")
 _SOTW_CONTROL_PLANE = wire.field_number(_SOTW, "control_plane")
 _DELTA = discovery_pb2.DeltaDiscoveryResponse.DESCRIPTOR
 _DELTA_VERSION = wire.field_number(_DELTA, "system_version_info")
-_DELTA_RESOURCES = wire.field_number(_DELTA, "resources")
 _DELTA_TYPE = wire.field_number(_DELTA, "type_url")
 _DELTA_NONCE = wire.field_number(_DELTA, "nonce")
 _DELTA_REMOVED = wire.field_number(_DELTA, "removed_resources")
@@ -60,6 +58,8 @@ def _type_field(number: int, type_url: str) -> bytes:
         if type_url in rt.SHORT:  # only served types are remembered
             _TYPE_FIELDS[key] = field
     return field
+
+
 DEFAULT_MAX_NAMES = 10_000
 MAX_QUEUED_UNKNOWN = 16
 
@@ -203,7 +203,7 @@ class XdsStream:
                     type=rt.short_name(sub.type_url), nonce=nonce, version=version,
                     code=code, message=message)
 
-    def _rewarm_endpoints(self, sub: Subscription, reply: Reply) -> list[str]:
+    def _new_or_changed(self, sub: Subscription, reply: Reply) -> list[str]:
         """Clusters in a CDS reply that are new or changed for this client."""
         return [r.name for r in reply.resources if sub.sent.get(r.name) != r.version]
 
@@ -324,7 +324,7 @@ class SotwStream(XdsStream):
                 continue
             nonce = self._next_nonce()
             out.append(self._frame(reply.version, reply.resources, t, nonce))
-            changed = self._rewarm_endpoints(sub, reply) if t == rt.CLUSTER else ()
+            changed = self._new_or_changed(sub, reply) if t == rt.CLUSTER else ()
             if t in rt.FULL_STATE:
                 sub.sent = {r.name: r.version for r in reply.resources}
             else:
@@ -420,7 +420,7 @@ class DeltaStream(XdsStream):
                 continue
             nonce = self._next_nonce()
             out.append(self._frame(reply.version, reply.resources, reply.removed, t, nonce))
-            changed = self._rewarm_endpoints(sub, reply) if t == rt.CLUSTER else ()
+            changed = self._new_or_changed(sub, reply) if t == rt.CLUSTER else ()
             for r in reply.resources:
                 sub.sent[r.name] = r.version
             for name in reply.removed:

@@ -180,6 +180,25 @@ def test_proxyless_listener_and_route_lead_to_the_cluster_of_the_same_name() -> 
     assert vhost.routes[0].match.prefix == "" and vhost.routes[0].route.cluster == n
 
 
+def test_assembled_responses_are_byte_for_byte_what_protobuf_would_write() -> None:
+    world = World()
+    sotw, delta = world.sotw(), world.delta()
+    sotw.request(CDS, [])
+    sotw.request(EDS, [name("web"), name("api")])
+    delta.request(CDS, ["*", name("gone")])
+    delta.request(EDS, [name("web")])
+    raws = sotw.stream.take_responses()
+    draws = delta.stream.take_responses()
+    assert len(raws) == 2 and len(draws) == 2
+    for raw in raws:
+        msg = discovery_pb2.DiscoveryResponse.FromString(raw)
+        assert msg.SerializeToString(deterministic=True) == raw
+    for raw in draws:
+        dmsg = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
+        assert dmsg.SerializeToString(deterministic=True) == raw
+        assert all(r.version and r.name for r in dmsg.resources)
+
+
 def test_a_response_is_a_valid_discovery_response_with_resources_typed_as_it() -> None:
     client = World().sotw()
     client.request(CDS, [])
