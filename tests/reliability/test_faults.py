@@ -1,0 +1,121 @@
+"""Faults: meshbridge restarting under a thousand clients, clients vanishing in the
+middle of writes, SIGTERM during churn. Every client must end with exactly the truth,
+and the server must end with nothing left of the clients that went away."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from tests.reliability.support import Fleet, eventually, sim_cluster, start_app, target
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_a_restart_under_a_thousand_clients_ends_with_each_holding_the_truth() -> None:
+    sim = sim_cluster(services=10, endpoints=10)
+    app = await start_app(sim.initial_objects())
+    port = app.grpc_port
+    fleet = Fleet(f"127.0.0.1:{port}", 1000, lambda i: target(i, sim))
+    try:
+        fleet.start()
+        await fleet.converged(app, 60)
+        # The cluster changes while meshbridge is down: the restarted server must give
+        # every reconnecting client the new truth, not what it held before.
+        await app.stop(grace=0.5)
+        for i in range(20):
+            sim._step_scale(sim.services[i % 10], up=i % 3 != 0)
+        for svc in sim.services:
+            svc.slices.clear()  # so the listing below has every slice, not only changes
+        app = await start_app(sim.initial_objects(), listen=f"127.0.0.1:{port}")
+        assert app.grpc_port == port
+        await fleet.converged(app, 90)
+        assert all(f.streams >= 2 for f in fleet.followers), "a client never reconnected"
+        # A restart ends each stream cleanly (status OK), so proxies reconnect at once.
+        first_end = {f.statuses[0] for f in fleet.followers if f.statuses}
+        assert first_end <= {"OK"}, first_end
+    finally:
+        await fleet.stop()
+        await app.stop(grace=0.5)
+
+
+async def test_clients_cancelling_mid_write_during_churn_leave_nothing_behind() -> None:
+    sim = sim_cluster(services=4, endpoints=200)  # big messages: writes take a while
+    app = await start_app(sim.initial_objects())
+    server = f"127.0.0.1:{app.grpc_port}"
+    stayers = Fleet(server, 30, lambda i: target(i, sim), channels=3)
+    rng = random.Random(7)
+    try:
+        stayers.start()
+        await stayers.converged(app, 30)
+        for round_ in range(15):
+            # 60 short-lived clients of every model, cancelled at random moments while
+            # the server is writing their snapshots and the churn's changes.
+            quitters = Fleet(server, 60, lambda i, r=round_: target(i + r, sim),
+                             channels=2)
+            quitters.start()
+            for _ in range(5):
+                sim_events = sim._step_scale(sim.services[rng.randrange(4)],
+                                             up=rng.random() < 0.5)
+                app.cluster.apply(sim_events)
+                await asyncio.sleep(rng.uniform(0, 0.01))  # cancel at random moments
+            await quitters.stop()
+        await stayers.converged(app, 30)
+        # Nothing of the 900 cancelled streams is left: no stream, no View subscriber.
+        expected = len(stayers.followers)
+        await eventually(lambda: len(app.streams) == expected, 20,
+                         lambda: f"{len(app.streams)} streams open, {expected} expected")
+        subscribers = sum(len(v.subscribers) for v in app.views.views())
+        assert subscribers == expected, subscribers
+    finally:
+        await stayers.stop()
+        await app.stop(grace=0.5)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_sigterm_during_churn_ends_every_stream_cleanly_and_exits_zero(
+    tmp_path: Path,
+) -> None:
+    scenario = tmp_path / "churn.yaml"
+    scenario.write_text(
+        "seed: 3\ncluster: {namespaces: 2, services: 10, endpoints_per_service: 10}\n"
+        "churn: {rate: 100}\n")  # no duration: churns until stopped
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bridge.cli", "serve", "--source", f"sim:{scenario}",
+        "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0", "--log-format", "json",
+        "--shutdown-grace", "5", stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    sim = sim_cluster()  # only for the target names: the same shape as the scenario
+    fleet = Fleet(f"127.0.0.1:{port}", 60, lambda i: target(i, sim), channels=6)
+    try:
+        fleet.start()
+        await eventually(lambda: all(f.state() is not None for f in fleet.followers), 60,
+                         lambda: "clients did not get their snapshots")
+        # Streams that failed while the server was starting are behind us.
+        open_at = {f.index: len(f.statuses) for f in fleet.followers}
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        await eventually(lambda: all(len(f.statuses) > open_at[f.index]
+                                     for f in fleet.followers), 10,
+                         lambda: "streams still open after the server exited")
+        ends = {f.statuses[open_at[f.index]] for f in fleet.followers}
+        assert ends == {"OK"}, ends  # ended by the server, not broken off
+    finally:
+        await fleet.stop()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        assert proc.stderr is not None
+        err = (await proc.stderr.read()).decode(errors="replace")
+        assert "Traceback" not in err, err[-3000:]
