@@ -331,3 +331,20 @@ def test_a_cluster_first_sent_under_the_wildcard_is_resent_when_named() -> None:
     m.send(CDS, [NAMES[1]])  # now only `api`, by name
     got = m.deliver()
     assert [resource_name(unpack(a)) for r in got for a in r.resources] == [NAMES[1]]
+
+
+def test_a_nack_storm_is_never_answered_and_the_stream_still_follows_changes() -> None:
+    world = new_world()
+    m = SotwModel(world, world.sotw().stream)
+    m.send(EDS, [NAMES[0]])
+    m.settle()
+    for _ in range(10_000):
+        m.send(EDS, [NAMES[0]], error=True)
+    assert m.deliver() == []
+    assert world.count("meshbridge_xds_rejected_responses_total", type="eds") >= 10_000 \
+        or sum(s.nacks for s in m.stream.subs.values()) == 10_000
+    world.set_endpoints("web", ["10.0.0.9"])
+    m.settle()
+    check_sotw_settled(m)
+    assert [lb.endpoint.address.socket_address.address
+            for loc in m.held[EDS][NAMES[0]].endpoints for lb in loc.lb_endpoints] == ["10.0.0.9"]
