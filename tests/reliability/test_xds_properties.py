@@ -341,8 +341,7 @@ def test_a_nack_storm_is_never_answered_and_the_stream_still_follows_changes() -
     for _ in range(10_000):
         m.send(EDS, [NAMES[0]], error=True)
     assert m.deliver() == []
-    assert world.count("meshbridge_xds_rejected_responses_total", type="eds") >= 10_000 \
-        or sum(s.nacks for s in m.stream.subs.values()) == 10_000
+    assert sum(s.nacks for s in m.stream.subs.values()) == 10_000  # each one counted
     world.set_endpoints("web", ["10.0.0.9"])
     m.settle()
     check_sotw_settled(m)
