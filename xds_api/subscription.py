@@ -91,10 +91,18 @@ class Subscription:
             for name in removed:
                 # §1.5: a name asked for again later must be sent again, even unchanged.
                 self.sent.pop(name, None)
+        if self.wildcard and not was_wildcard:
+            # §1.5: `*` newly asked for is answered like any new name: with the whole
+            # set it covers, even unchanged, even empty.
+            self.must_reply = True
         if was_wildcard and not self.wildcard:
             # What only `*` brought is no longer the client's concern; dropping a
             # subscription needs no response (§1.8), so nothing may look due for it.
             self._forget_unnamed()
+        for name in added:
+            # §1.5: a newly requested name is sent, even if it went out before under
+            # `*` and has not changed since.
+            self.sent.pop(name, None)
         self.dirty |= added
         return NameChange(added, removed, self.wildcard and not was_wildcard,
                           was_wildcard and not self.wildcard)

@@ -367,3 +367,15 @@ def test_answers_to_unknown_types_are_bounded_for_a_client_that_does_not_read() 
     for i in range(1000):
         client.request(f"type.googleapis.com/spam.T{i}", ["x"], nonce="")
     assert len(client.responses()) == 16
+
+
+def test_a_cluster_first_sent_under_the_wildcard_is_sent_again_when_named() -> None:
+    # §1.5: newly requested names are sent even if they went out before, unrequested
+    # by name, and are unchanged. From `*` to one name, the full state is that name.
+    client = World().sotw()
+    client.request(CDS, [])
+    assert client.names(CDS) == [API, WEB]
+    client.ack(CDS, [API])
+    assert client.names(CDS) == [API]
+    client.ack(CDS, [API])
+    assert client.responses() == []
