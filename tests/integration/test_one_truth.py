@@ -57,8 +57,9 @@ async def converged(app: App, linkerd: LinkerdClient, xds: list[XdsClient],
             return
         if time.monotonic() > deadline:
             t = bad[0]
+            truth = sorted(view_truth(app, t) or ())
             raise AssertionError(
-                f"{len(bad)} targets disagree, e.g. {t}:\n view    {sorted(view_truth(app, t) or ())}"
+                f"{len(bad)} targets disagree, e.g. {t}:\n view    {truth}"
                 f"\n linkerd {sorted(linkerd.state[t].state())}"
                 + "".join(f"\n {x.model:7} {sorted(x.state[t].state())}" for x in xds))
         await asyncio.sleep(0.02)

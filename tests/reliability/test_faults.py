@@ -56,8 +56,10 @@ async def test_clients_cancelling_mid_write_during_churn_leave_nothing_behind() 
         for round_ in range(15):
             # 60 short-lived clients of every model, cancelled at random moments while
             # the server is writing their snapshots and the churn's changes.
-            quitters = Fleet(server, 60, lambda i, r=round_: target(i + r, sim),
-                             channels=2)
+            def targets_of(i: int, r: int = round_) -> str:
+                return target(i + r, sim)
+
+            quitters = Fleet(server, 60, targets_of, channels=2)
             quitters.start()
             for _ in range(5):
                 sim_events = sim._step_scale(sim.services[rng.randrange(4)],

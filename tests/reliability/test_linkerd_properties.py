@@ -15,7 +15,7 @@ from linkerd_api.errors import BadRequest
 from linkerd_api.proto import destination_pb2
 from linkerd_api.service import _decode
 
-WORD = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+WORD = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
 
 
 @given(st.text(max_size=400))
