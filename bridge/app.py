@@ -155,10 +155,18 @@ class App:
         await self.source.run(self.cluster, self.synced)
 
     async def stop(self, grace: float = 1.0) -> None:
+        """Stop taking new RPCs (GOAWAY), end every stream with OK so proxies reconnect
+        to another replica, and give the handlers `grace` to write their status."""
+        stopping = None
+        if self.grpc_server is not None:
+            # Started first, so that no client can open a stream the hooks below would
+            # miss; grpc.aio lets in-flight RPCs finish within the grace.
+            stopping = asyncio.ensure_future(self.grpc_server.stop(grace))
+            await asyncio.sleep(0)  # one loop turn: the shutdown has begun
         for hook in self.on_stop:
             hook()
-        if self.grpc_server is not None:
-            await self.grpc_server.stop(grace)
+        if stopping is not None:
+            await stopping
         if self._source_task is not None:
             self._source_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -213,6 +213,10 @@ def decode(message: Any, raw: bytes, metrics: XdsMetrics) -> Any:
                          f"{e}") from None
 
 
+# How long a shutting-down stream waits for its write in progress to finish.
+SHUTDOWN_WRITE_GRACE = 2.0
+
+
 class StreamRunner:
     """One gRPC stream: its reader (the handler itself) and, while there is something
     to send, a writer task. An idle stream has no writer and holds no response: with
@@ -291,9 +295,13 @@ class StreamRunner:
             self._ending = True  # no new writer from here on
             writer = self._writer
             if writer is not None:
-                writer.cancel()
+                if self._cut_off:
+                    writer.cancel()
+                # On shutdown the write in progress is finished, never cancelled: a write
+                # cut in half breaks the call, and the client would see an error instead
+                # of the OK that tells it to reconnect elsewhere.
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await writer
+                    await asyncio.wait_for(writer, SHUTDOWN_WRITE_GRACE)
             self.stream.close()
 
     async def _flush(self) -> None:
@@ -305,11 +313,11 @@ class StreamRunner:
             while True:
                 self._scheduled = False
                 responses = self.stream.take_responses()
-                while responses:
+                while responses and not self._ending:
                     self.write_started = loop.time()
                     await context.write(responses.pop(0))
                     self.write_started = None
-                if not self._scheduled:
+                if not self._scheduled or self._ending:
                     return
         except asyncio.CancelledError:
             raise
