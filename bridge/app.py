@@ -104,7 +104,7 @@ class App:
         # Shutdown hooks the protocol layers add (e.g. end every stream cleanly).
         self.on_stop: list[Callable[[], None]] = []
         # Every client stream, for /debug/streams; each protocol layer keeps its own.
-        self.streams = StreamRegistry()
+        self.streams = StreamRegistry(self.metrics)
         # How each protocol layer encodes a View, for /debug/endpoints.
         self.renderers: dict[str, Renderer] = {}
         self._install_admin_routes()

@@ -12,6 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import prometheus_client
+
+# Change-to-convergence: from the View version a client must learn to the moment it is
+# caught up — written for Linkerd (no ACKs in its protocol), ACKed for xDS.
+CONVERGENCE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
 
 @dataclass(slots=True)
 class TypeState:
@@ -37,12 +43,27 @@ class StreamInfo:
     messages_sent: int = 0
     bytes_sent: int = 0
     id: int = 0
+    # The publish time (time.monotonic()) of the oldest View change this stream has not
+    # yet converged on; 0 when it is caught up.
+    pending_since: float = 0.0
+    convergence: Any = None  # the histogram child, set by StreamRegistry.add
 
     def state(self, type_name: str) -> TypeState:
         st = self.types.get(type_name)
         if st is None:
             st = self.types[type_name] = TypeState()
         return st
+
+    def changed(self, published_at: float) -> None:
+        """A View this stream follows has a new version, published at `published_at`."""
+        if not self.pending_since:
+            self.pending_since = published_at
+
+    def converged(self) -> None:
+        if self.pending_since:
+            if self.convergence is not None:
+                self.convergence.observe(time.monotonic() - self.pending_since)
+            self.pending_since = 0.0
 
     def sent(self, type_name: str, version: str, nonce: str, size: int) -> None:
         st = self.state(type_name)
@@ -53,6 +74,7 @@ class StreamInfo:
     def acked(self, type_name: str, version: str) -> None:
         st = self.state(type_name)
         st.last_ack_version, st.last_ack_at = version, time.time()
+        self.converged()
 
     def nacked(self, type_name: str, error: str) -> None:
         st = self.state(type_name)
@@ -82,12 +104,20 @@ class StreamInfo:
 
 
 class StreamRegistry:
-    def __init__(self) -> None:
+    def __init__(self, metrics: prometheus_client.CollectorRegistry | None = None) -> None:
         self._streams: dict[int, StreamInfo] = {}
         self._ids = itertools.count(1)
+        self.convergence: prometheus_client.Histogram | None = None
+        if metrics is not None:
+            self.convergence = prometheus_client.Histogram(
+                "meshbridge_convergence_seconds",
+                "From a View change to a stream being caught up: written (Linkerd), "
+                "ACKed (xDS)", ["protocol"], buckets=CONVERGENCE_BUCKETS, registry=metrics)
 
     def add(self, info: StreamInfo) -> StreamInfo:
         info.id = next(self._ids)
+        if self.convergence is not None:
+            info.convergence = self.convergence.labels(info.protocol)
         self._streams[info.id] = info
         return info
 

@@ -107,7 +107,10 @@ class EndpointStream(UpdateQueue):
     def on_view_change(self, view: View, change: ViewChange) -> None:
         if self.ended:
             return
-        for message in self.encoder.diff(view, change):
+        messages = self.encoder.diff(view, change)
+        if messages and self.info is not None:
+            self.info.changed(view.published_at)
+        for message in messages:
             if not self.push(message):
                 if self.overflowed:
                     self.on_overflow(self)

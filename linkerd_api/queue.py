@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+from bridge.streams import StreamInfo
+
 # A message as queued: (the version it describes, for /debug/streams; its bytes). The
 # tuples are built once per version and shared by every stream that queues them.
 Outgoing = tuple[str, bytes]
@@ -19,7 +21,7 @@ class UpdateQueue:
     stream needs to know about itself; slots keep an idle stream small.
     """
 
-    __slots__ = ("_items", "_waiter", "capacity", "ended", "overflowed")
+    __slots__ = ("_items", "_waiter", "capacity", "ended", "info", "overflowed")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -29,6 +31,8 @@ class UpdateQueue:
         self._waiter: asyncio.Future[None] | None = None
         self.ended = False
         self.overflowed = False
+        # The stream's entry on /debug/streams, once its writer has registered it.
+        self.info: StreamInfo | None = None
 
     def __len__(self) -> int:
         return len(self._items)

@@ -314,6 +314,7 @@ class DestinationService:
             "linkerd-get" if method == "Get" else "linkerd-profile", context.peer(),
             client=request.context_token.strip()[:500]))
         info.state(target).subscribed = (request.path,)
+        stream.info = info
         self.streams.add(stream)
         gauge = self.open_streams.labels(method)
         gauge.inc()
@@ -322,6 +323,8 @@ class DestinationService:
                 version, message = item
                 await context.write(message)
                 info.sent(target, version, "", len(message))
+                if not len(stream):
+                    info.converged()  # Linkerd has no ACK: caught up once all is written
         finally:
             gauge.dec()
             self.streams.discard(stream)

@@ -19,6 +19,8 @@ class XdsMetrics:
         self.registry = reg
         streams = Gauge("pilot_xds", "Connected xDS streams.", ["api"], registry=reg)
         pushes = Counter("pilot_xds_pushes", "xDS responses sent.", ["type"], registry=reg)
+        push_bytes = Counter("pilot_xds_push_bytes", "Bytes of xDS responses sent.", ["type"],
+                             registry=reg)
         rejects = Counter("pilot_total_xds_rejects",
                           "xDS responses rejected by clients (NACKs).", ["type"],
                           registry=reg)
@@ -38,6 +40,7 @@ class XdsMetrics:
         # Children bound once: a push to 5,000 streams must not look labels up 5,000 times.
         self.streams = {api: streams.labels(api) for api in ("sotw", "delta")}
         self.pushes = {t: pushes.labels(rt.short_name(t)) for t in _TYPES}
+        self.push_bytes = {t: push_bytes.labels(rt.short_name(t)) for t in _TYPES}
         self.rejects = {t: rejects.labels(rt.short_name(t)) for t in _TYPES}
         self.stale = {t: stale.labels(rt.short_name(t)) for t in _TYPES}
         self.serializations = {t: serializations.labels(rt.short_name(t)) for t in _TYPES}

@@ -136,6 +136,8 @@ class XdsStream:
         if sub is None:
             return
         sub.dirty.add(view.key.authority(self.cache.cluster_domain))
+        if self.info is not None:
+            self.info.changed(view.published_at)
         self._wake()
 
     # ------------------------------------------------------------ helpers
@@ -332,6 +334,7 @@ class SotwStream(XdsStream):
             sub.nonce = nonce
             sub.version_sent = reply.version
             self.metrics.pushes[t].inc()
+            self.metrics.push_bytes[t].inc(len(out[-1]))
             if self.info is not None:
                 self.info.sent(rt.short_name(t), reply.version, nonce, len(out[-1]))
             if changed:
@@ -431,6 +434,7 @@ class DeltaStream(XdsStream):
             sub.nonce = nonce
             sub.version_sent = reply.version
             self.metrics.pushes[t].inc()
+            self.metrics.push_bytes[t].inc(len(out[-1]))
             if self.info is not None:
                 self.info.sent(rt.short_name(t), reply.version, nonce, len(out[-1]))
             if changed:

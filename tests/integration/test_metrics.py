@@ -1,0 +1,101 @@
+"""/metrics as Prometheus reads it: parsed with the text-format parser, series moving
+as a Linkerd and an xDS client follow a change."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from bridge.app import App
+from harness.clients import LinkerdClient, XdsClient
+
+TARGET = "catalog.shop.svc.cluster.local:80"
+
+
+def scrape(app: App) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}/metrics", timeout=3) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
+          **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    return sum(v for (n, ls), v in samples.items()
+               if n == name and set(labels.items()) <= set(ls))
+
+
+async def until(check: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_metrics_series_move_as_clients_follow_a_change(
+    make_app: Any, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        get = LinkerdClient(channel, [TARGET])
+        ads = XdsClient(channel, [TARGET])
+        tasks = [asyncio.create_task(get.run()), asyncio.create_task(ads.run())]
+        try:
+            await until(lambda: len(get.state[TARGET].state()) == 6
+                        and len(ads.state[TARGET].state()) == 6)
+            before = await asyncio.to_thread(scrape, app)
+            view = dict(namespace="shop", service="catalog", port="80")
+            assert value(before, "endpoints_subscribers", **view) == 2
+            assert value(before, "endpoints_pods", **view) == 6
+            assert value(before, "endpoints_exists", **view) == 1
+            assert value(before, "pilot_xds", api="sotw") == 1
+            get_rpc = dict(grpc_service="io.linkerd.proxy.destination.Destination",
+                           grpc_method="Get", grpc_type="server_stream")
+            assert value(before, "grpc_server_started_total", **get_rpc) == 1
+            assert value(before, "grpc_server_msg_sent_total", **get_rpc) == 1
+
+            path = demo_dir / "20-shop.yaml"
+            docs = list(yaml.safe_load_all(path.read_text()))
+            for doc in docs:
+                if doc and doc.get("kind") == "EndpointSlice" and \
+                        doc["metadata"]["labels"].get("kubernetes.io/service-name") == "catalog":
+                    doc["endpoints"] = doc["endpoints"][1:]
+                    break
+            path.write_text(yaml.safe_dump_all(docs))
+            await until(lambda: len(get.state[TARGET].state()) == 5
+                        and len(ads.state[TARGET].state()) == 5)
+
+            deadline = time.monotonic() + 10
+            while True:  # the scrape runs in a thread: the admin port is on this loop
+                after = await asyncio.to_thread(scrape, app)
+                if (value(after, "meshbridge_convergence_seconds_count",
+                          protocol="linkerd-get") >= 1
+                        and value(after, "meshbridge_convergence_seconds_count",
+                                  protocol="xds-sotw") >= 1):
+                    break
+                assert time.monotonic() < deadline, "no convergence was observed"
+                await asyncio.sleep(0.02)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    assert value(after, "endpoints_pods", **view) == 5
+    assert value(after, "endpoints_updates_total", **view) == \
+        value(before, "endpoints_updates_total", **view) + 1
+    assert value(after, "grpc_server_msg_sent_total", **get_rpc) == 2  # the remove
+    eds = dict(type="eds")
+    pushes = value(after, "pilot_xds_pushes_total", **eds) - \
+        value(before, "pilot_xds_pushes_total", **eds)
+    pushed = value(after, "pilot_xds_push_bytes_total", **eds) - \
+        value(before, "pilot_xds_push_bytes_total", **eds)
+    assert pushes == 1 and pushed > 0
+    assert value(after, "pilot_total_xds_rejects_total") == 0
+    assert value(after, "meshbridge_convergence_seconds_sum") < 10
