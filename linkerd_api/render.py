@@ -19,6 +19,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from bridge.client_tls import add_tls_arguments, sync_channel
 from linkerd_api.authority import parse_context_token
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.proto import http_types_pb2 as http
@@ -198,6 +199,7 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit after this many messages (default: follow the stream)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="stop following after this many seconds")
+    add_tls_arguments(parser)
 
 
 def follow(args: argparse.Namespace, method: str, response: type[Message],
@@ -211,7 +213,7 @@ def follow(args: argparse.Namespace, method: str, response: type[Message],
         print("note: the server will not understand this --token; it is sent anyway",
               file=sys.stderr)
     request = dst.GetDestination(scheme="k8s", path=args.authority, context_token=args.token)
-    with grpc.insecure_channel(args.server) as channel:
+    with sync_channel(args) as channel:
         call = channel.unary_stream(
             f"/io.linkerd.proxy.destination.Destination/{method}",
             request_serializer=dst.GetDestination.SerializeToString,

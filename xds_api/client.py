@@ -29,6 +29,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
+from bridge.client_tls import add_tls_arguments, aio_channel
 from xds_api import resource_types as rt
 from xds_api.names import expand_short_name
 from xds_api.resources import METADATA_NAMESPACE
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fail if a response takes longer than this many seconds")
     parser.add_argument("--node-id", default="meshbridge-xds-client")
     parser.add_argument("--cluster-domain", default="cluster.local")
+    add_tls_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _watch(args: argparse.Namespace, type_url: str, names: list[str],
                  out: TextIO) -> int:
-    async with grpc.aio.insecure_channel(args.server) as channel:
+    async with aio_channel(args) as channel:
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
         call: Any
         if args.delta:

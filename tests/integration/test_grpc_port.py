@@ -193,3 +193,58 @@ async def test_grpc_server_metrics_count_streams_messages_and_codes(tmp_path: Pa
     assert sample("grpc_server_msg_sent_total") == 1
     assert sample("grpc_server_handled_total", grpc_code="ResourceExhausted") == 1
     assert sample("grpc_server_handling_seconds_count") == 1
+
+
+async def test_the_get_and_xds_clients_speak_mtls_with_matching_flags(
+    tmp_path: Path, pki: dict[str, bytes], demo_dir: Path
+) -> None:
+    import sys
+
+    from bridge.model import MeshConfig
+    from tests.conftest import protocol_layers
+
+    for name in ("client", "client_key"):
+        (tmp_path / f"{name}.pem").write_bytes(pki[name])
+    tls = TlsFiles(str(tmp_path / "server.pem"), str(tmp_path / "server_key.pem"),
+                   str(tmp_path / "ca.pem"))
+    app = App(FilesSource(demo_dir), MeshConfig(),
+              ServeOptions("127.0.0.1:0", "127.0.0.1:0", tls=tls), protocol_layers())
+    await app.start()
+    try:
+        tls_flags = ["--server", f"localhost:{app.grpc_port}", "--ca-cert",
+                     str(tmp_path / "ca.pem"), "--cert", str(tmp_path / "client.pem"),
+                     "--key", str(tmp_path / "client_key.pem")]
+        commands = {
+            "get": ["get", "web.emojivoto.svc.cluster.local:80", "--count", "1", "--json"],
+            "xds": ["xds", "web.emojivoto.svc.cluster.local:80", "--count", "1", "--json"],
+        }
+        for name, argv in commands.items():
+            ok = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bridge.cli", *argv, *tls_flags,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(ok.communicate(), 30)
+            assert ok.returncode == 0, (name, err.decode())
+            assert b"10.244." in out, name  # an endpoint address of the demo's web pods
+            # The same command without a client certificate is refused by the server.
+            refused = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bridge.cli", *argv, *tls_flags[:4], "--timeout", "5",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            await asyncio.wait_for(refused.communicate(), 30)
+            assert refused.returncode != 0, name
+    finally:
+        await app.stop(0.1)
+
+
+async def test_an_oversized_request_is_refused_with_resource_exhausted(tmp_path: Path) -> None:
+    app = await start(tmp_path, limits=Limits(max_message_bytes=1024))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
+            call = ch.unary_stream(METHOD)(b"x" * 4096)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in call:
+                    pass
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            _, msg = await first_message(ch)  # the connection still serves others
+            assert msg == b"hello"
+    finally:
+        await app.stop(0.1)
