@@ -119,7 +119,44 @@ class XdsStream:
         raise NotImplementedError
 
     def take_responses(self) -> list[bytes]:
-        """The encoded responses due now, in CDS, EDS, LDS, RDS order."""
+        """The encoded responses due now, in CDS, EDS, LDS, RDS order (§1.9)."""
+        out: list[bytes] = []
+        for t in rt.ORDER:
+            sub = self.subs.get(t)
+            if sub is None or not (sub.dirty or sub.must_reply):
+                continue
+            reply = self._reply(sub)
+            sub.dirty.clear()
+            sub.must_reply = False
+            if reply is None:
+                continue
+            nonce = self._next_nonce()
+            data = self._encode(reply, t, nonce)
+            out.append(data)
+            changed = self._new_or_changed(sub, reply) if t == rt.CLUSTER else ()
+            self._record_sent(sub, reply)
+            sub.nonce = nonce
+            sub.version_sent = reply.version
+            self.metrics.pushes[t].inc()
+            self.metrics.push_bytes[t].inc(len(data))
+            if self.info is not None:
+                self.info.sent(rt.short_name(t), reply.version, nonce, len(data))
+            if changed:
+                self._after_cluster_reply(changed)
+        if self._unknown:
+            out.extend(self._unknown)
+            self._unknown.clear()
+        return out
+
+    def _reply(self, sub: Subscription) -> Reply | None:
+        """What the cache says is due for this subscription (SotW or delta rules)."""
+        raise NotImplementedError
+
+    def _encode(self, reply: Reply, type_url: str, nonce: str) -> bytes:
+        raise NotImplementedError
+
+    def _record_sent(self, sub: Subscription, reply: Reply) -> None:
+        """Remember what the client now holds, as this variant's rules define it."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ cache callbacks
@@ -313,36 +350,17 @@ class SotwStream(XdsStream):
         parts.append(_SOTW_CONTROL)
         return b"".join(parts)
 
-    def take_responses(self) -> list[bytes]:
-        out: list[bytes] = []
-        for t in rt.ORDER:
-            sub = self.subs.get(t)
-            if sub is None or not (sub.dirty or sub.must_reply):
-                continue
-            reply = self.cache.sotw_reply(sub)
-            sub.dirty.clear()
-            sub.must_reply = False
-            if reply is None:
-                continue
-            nonce = self._next_nonce()
-            out.append(self._frame(reply.version, reply.resources, t, nonce))
-            changed = self._new_or_changed(sub, reply) if t == rt.CLUSTER else ()
-            if t in rt.FULL_STATE:
-                sub.sent = {r.name: r.version for r in reply.resources}
-            else:
-                sub.sent.update((r.name, r.version) for r in reply.resources)
-            sub.nonce = nonce
-            sub.version_sent = reply.version
-            self.metrics.pushes[t].inc()
-            self.metrics.push_bytes[t].inc(len(out[-1]))
-            if self.info is not None:
-                self.info.sent(rt.short_name(t), reply.version, nonce, len(out[-1]))
-            if changed:
-                self._after_cluster_reply(changed)
-        if self._unknown:
-            out.extend(self._unknown)
-            self._unknown.clear()
-        return out
+    def _reply(self, sub: Subscription) -> Reply | None:
+        return self.cache.sotw_reply(sub)
+
+    def _encode(self, reply: Reply, type_url: str, nonce: str) -> bytes:
+        return self._frame(reply.version, reply.resources, type_url, nonce)
+
+    def _record_sent(self, sub: Subscription, reply: Reply) -> None:
+        if sub.type_url in rt.FULL_STATE:
+            sub.sent = {r.name: r.version for r in reply.resources}
+        else:
+            sub.sent.update((r.name, r.version) for r in reply.resources)
 
 
 class DeltaStream(XdsStream):
@@ -410,36 +428,17 @@ class DeltaStream(XdsStream):
         parts.append(_DELTA_CONTROL)
         return b"".join(parts)
 
-    def take_responses(self) -> list[bytes]:
-        out: list[bytes] = []
-        for t in rt.ORDER:
-            sub = self.subs.get(t)
-            if sub is None or not (sub.dirty or sub.must_reply):
-                continue
-            reply = self.cache.delta_reply(sub)
-            sub.dirty.clear()
-            sub.must_reply = False
-            if reply is None:
-                continue
-            nonce = self._next_nonce()
-            out.append(self._frame(reply.version, reply.resources, reply.removed, t, nonce))
-            changed = self._new_or_changed(sub, reply) if t == rt.CLUSTER else ()
-            for r in reply.resources:
-                sub.sent[r.name] = r.version
-            for name in reply.removed:
-                if name in sub.names:
-                    sub.sent[name] = ABSENT  # told once; sent again when it appears
-                else:
-                    sub.sent.pop(name, None)
-            sub.nonce = nonce
-            sub.version_sent = reply.version
-            self.metrics.pushes[t].inc()
-            self.metrics.push_bytes[t].inc(len(out[-1]))
-            if self.info is not None:
-                self.info.sent(rt.short_name(t), reply.version, nonce, len(out[-1]))
-            if changed:
-                self._after_cluster_reply(changed)
-        if self._unknown:
-            out.extend(self._unknown)
-            self._unknown.clear()
-        return out
+    def _reply(self, sub: Subscription) -> Reply | None:
+        return self.cache.delta_reply(sub)
+
+    def _encode(self, reply: Reply, type_url: str, nonce: str) -> bytes:
+        return self._frame(reply.version, reply.resources, reply.removed, type_url, nonce)
+
+    def _record_sent(self, sub: Subscription, reply: Reply) -> None:
+        for r in reply.resources:
+            sub.sent[r.name] = r.version
+        for name in reply.removed:
+            if name in sub.names:
+                sub.sent[name] = ABSENT  # told once; sent again when it appears
+            else:
+                sub.sent.pop(name, None)
