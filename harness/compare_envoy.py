@@ -21,20 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import shutil
-import sys
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bridge.app import App
 from harness.compare_run import Run, server_counts
 from harness.compare_scenario import CompareScenario
+from harness.envoy import XDS_CLUSTER, Envoy, envoy_binary
 
 MAX_ENVOYS = 64
-XDS_CLUSTER = "meshbridge-xds"
 START_TIMEOUT = 30.0
 WARM_TIMEOUT = 60.0
 MATCH_TIMEOUT = 10.0
@@ -44,129 +39,49 @@ class EnvoyError(ValueError):
     """Envoys cannot be run (no binary, too many)."""
 
 
-def envoy_binary() -> str | None:
-    beside = Path(sys.executable).with_name("envoy")
-    if beside.exists():
-        return str(beside)
-    return shutil.which("envoy")
-
-
-def bootstrap(xds_port: int, api_type: str, node_id: str) -> dict[str, Any]:
-    return {
-        "node": {"id": node_id, "cluster": "meshbridge-compare"},
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
-        "dynamic_resources": {
-            "ads_config": {"api_type": api_type, "transport_api_version": "V3",
-                           "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
-                           "set_node_on_first_message_only": True},
-            "cds_config": {"resource_api_version": "V3", "ads": {}},
-        },
-        "static_resources": {"clusters": [{
-            "name": XDS_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
-            "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": {"socket_address": {
-                    "address": "127.0.0.1", "port_value": xds_port}}}}]}]},
-            "typed_extension_protocol_options": {
-                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                    "@type": "type.googleapis.com/"
-                             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": {"http2_protocol_options": {}}}},
-        }]},
-    }
-
-
 @dataclass(slots=True)
 class EnvoyProc:
+    """One `--envoy` process and the update stats it had when the churn began."""
+
     name: str
     api_type: str
     workdir: Path
-    proc: asyncio.subprocess.Process | None = None
-    admin_port: int = 0
+    envoy: Envoy | None = None
     baseline: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def log(self) -> Path:
-        return self.workdir / "envoy.log"
-
     async def start(self, binary: str, xds_port: int) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        config = self.workdir / "bootstrap.json"
-        config.write_text(json.dumps(bootstrap(xds_port, self.api_type, self.name)),
-                          encoding="utf-8")
-        address_file = self.workdir / "admin-address"
-        address_file.unlink(missing_ok=True)
-        self.proc = await asyncio.create_subprocess_exec(
-            binary, "-c", str(config), "--admin-address-path", str(address_file),
-            "--disable-hot-restart", "--concurrency", "1", "--log-level", "warning",
-            "--log-path", str(self.log), "--drain-time-s", "0",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + START_TIMEOUT
-        while loop.time() < deadline:
-            if self.proc.returncode is not None:
-                raise EnvoyError(f"{self.name} exited with {self.proc.returncode}: "
-                                 f"{self.tail()}")
-            text = address_file.read_text() if address_file.exists() else ""
-            if text.strip():
-                self.admin_port = int(text.strip().rsplit(":", 1)[1])
-                return
-            await asyncio.sleep(0.05)  # polling for the address file, with a deadline
-        raise EnvoyError(f"{self.name} did not start within {START_TIMEOUT:g}s: {self.tail()}")
+        self.envoy = Envoy(binary, self.workdir, xds_port, self.api_type, self.name,
+                           cluster="meshbridge-compare", log_level="warning")
+        try:
+            await self.envoy.start(START_TIMEOUT)
+        except (RuntimeError, TimeoutError) as e:
+            raise EnvoyError(f"{self.name}: {e}") from None
 
-    def tail(self, lines: int = 10) -> str:
-        if not self.log.exists():
-            return "(no log)"
-        return " | ".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    async def get(self, path: str) -> str:
-        url = f"http://127.0.0.1:{self.admin_port}{path}"
-
-        def fetch() -> str:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                body: bytes = resp.read()
-                return body.decode()
-
-        return await asyncio.to_thread(fetch)
+    def tail(self) -> str:
+        return self.envoy.tail(10).replace("\n", " | ") if self.envoy else "(not started)"
 
     async def update_stats(self) -> dict[str, int]:
         """update_attempt/success/rejected summed over EDS clusters, and CDS's."""
-        text = await self.get("/stats?filter=update_(attempt|success|rejected)$")
+        assert self.envoy is not None
         out = dict.fromkeys(("eds_update_attempt", "eds_update_success",
                              "eds_update_rejected", "cds_update_attempt",
                              "cds_update_success", "cds_update_rejected"), 0)
-        for line in text.splitlines():
-            key, sep, value = line.partition(": ")
-            if not sep or not value.strip().isdigit():
-                continue
+        stats = await self.envoy.stats("update_(attempt|success|rejected)$")
+        for key, value in stats.items():
             stat = key.rsplit(".", 1)[1]
             if key.startswith("cluster_manager.cds."):
-                out[f"cds_{stat}"] += int(value)
+                out[f"cds_{stat}"] += value
             elif key.startswith("cluster.") and not key.startswith(f"cluster.{XDS_CLUSTER}."):
-                out[f"eds_{stat}"] += int(value)
+                out[f"eds_{stat}"] += value
         return out
 
     async def endpoints(self) -> dict[str, set[tuple[str, int]]]:
-        data = json.loads(await self.get("/clusters?format=json"))
-        out: dict[str, set[tuple[str, int]]] = {}
-        for status in data.get("cluster_statuses", []):
-            if status["name"] == XDS_CLUSTER:
-                continue
-            out[status["name"]] = {
-                (h["address"]["socket_address"]["address"],
-                 int(h["address"]["socket_address"]["port_value"]))
-                for h in status.get("host_statuses", [])}
-        return out
+        assert self.envoy is not None
+        return {name: set(hosts) for name, hosts in (await self.envoy.clusters()).items()}
 
     async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self.proc.terminate()
-        try:
-            await asyncio.wait_for(self.proc.wait(), 10)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
+        if self.envoy is not None:
+            await self.envoy.stop()
 
 
 def _truth_addrs(run: Run) -> dict[str, set[tuple[str, int]]]:

