@@ -123,7 +123,8 @@ class XdsClient:
 
     def __init__(self, channel: grpc.aio.Channel, targets: Iterable[str], client_id: int = 0,
                  delta: bool = False, node_id: str = "", observe: Observer | None = None,
-                 zone: str = "", normalize: Callable[[Any], State] = from_cla) -> None:
+                 zone: str = "", normalize: Callable[[Any], State] = from_cla,
+                 node_name: str = "") -> None:
         self.channel = channel
         self.targets = list(targets)
         self.client_id = client_id
@@ -133,6 +134,8 @@ class XdsClient:
                                   cluster="harness")
         if zone:
             self.node.locality.zone = zone
+        if node_name:  # the Kubernetes node, as Istio's sidecars say it
+            self.node.metadata.update({"NODE_NAME": node_name})
         self.observe = observe
         # ClusterLoadAssignment -> state; `shadow` reads CLAs as Envoy does.
         self.normalize = normalize

@@ -27,7 +27,7 @@ from typing import Protocol
 import structlog
 
 from bridge.cluster import Cluster, ClusterChange
-from bridge.model import EndpointId, ServiceKey, ViewKey
+from bridge.model import EndpointId, FilterKey, ServiceKey, ViewKey
 from bridge.objects import Service, ServicePort
 from bridge.views import InvalidService, View, ViewChange, ViewRegistry
 from xds_api import resource_types as rt
@@ -51,6 +51,7 @@ class Watcher(Protocol):
     """A stream, as the cache sees it: told when a watched resource may have changed."""
 
     protocol: str  # the View subscriber label: "xds-sotw" or "xds-delta"
+    node_name: str  # the client's Kubernetes node, "" if it did not say
 
     def resource_changed(self, type_url: str, name: str) -> None: ...
 
@@ -121,10 +122,11 @@ class ResourceCache:
     def version(self, type_url: str) -> str:
         return f"{self._prefix}-{self._counters.get(type_url, 0)}"
 
-    def get(self, type_url: str, name: str) -> EncodedResource | None:
-        """The current resource, or None if it does not exist."""
+    def get(self, type_url: str, name: str, node_name: str = "") -> EncodedResource | None:
+        """The current resource, or None if it does not exist; EDS resources are the
+        View of the client's node (topology hints, internalTrafficPolicy, weights)."""
         if type_url == rt.ENDPOINT:
-            return self._cla(name)
+            return self._cla(name, node_name)
         if type_url == rt.CLUSTER:
             return self._clusters.get(name)
         if type_url in self._by_name:
@@ -187,8 +189,15 @@ class ResourceCache:
         if type_url in self._wildcard:
             self._wildcard[type_url].discard(watcher)
 
-    def _watch_view(self, name: str, watcher: Watcher) -> None:
+    def _view_key(self, name: str, node_name: str) -> ViewKey | None:
         key = parse_resource_name(name, self.cluster_domain)
+        if key is None or not node_name:
+            return key
+        return ViewKey(key.service, key.port,
+                       FilterKey(node_name=node_name, hostname=key.filter.hostname))
+
+    def _watch_view(self, name: str, watcher: Watcher) -> None:
+        key = self._view_key(name, watcher.node_name)
         if key is None:
             return  # names no service port: never exists, nothing to watch
         try:
@@ -197,7 +206,7 @@ class ResourceCache:
             self._blocked.setdefault(key.service, {}).setdefault(name, set()).add(watcher)
 
     def _unwatch_view(self, name: str, watcher: Watcher) -> None:
-        key = parse_resource_name(name, self.cluster_domain)
+        key = self._view_key(name, watcher.node_name)
         if key is None:
             return
         self.views.unsubscribe(key, watcher)
@@ -211,8 +220,8 @@ class ResourceCache:
 
     # ------------------------------------------------------------------ EDS
 
-    def _cla(self, name: str) -> EncodedResource | None:
-        key = parse_resource_name(name, self.cluster_domain)
+    def _cla(self, name: str, node_name: str = "") -> EncodedResource | None:
+        key = self._view_key(name, node_name)
         if key is None:
             return None
         view = self.views.view(key)
@@ -310,9 +319,9 @@ class ResourceCache:
         if not blocked:
             return
         for name, watchers in list(blocked.items()):
-            key = parse_resource_name(name, self.cluster_domain)
-            assert key is not None
             for w in list(watchers):
+                key = self._view_key(name, w.node_name)
+                assert key is not None
                 try:
                     self.views.subscribe(key, w, w.protocol)
                 except InvalidService:
@@ -337,7 +346,7 @@ class ResourceCache:
                 scope.update(self.wildcard_names(t))
             current = {}
             for name in scope:
-                res = self.get(t, name)
+                res = self.get(t, name, sub.node_name)
                 if res is not None:
                     current[name] = res
             if not sub.must_reply and {n: r.version for n, r in current.items()} == sub.sent:
@@ -346,7 +355,7 @@ class ResourceCache:
         # §1.6: EDS/RDS responses carry only what changed or was newly asked for.
         due = []
         for name in sorted(sub.dirty & sub.names):
-            res = self.get(t, name)
+            res = self.get(t, name, sub.node_name)
             if res is not None and sub.sent.get(name) != res.version:
                 due.append(res)
         if not due and not sub.must_reply:
@@ -361,7 +370,7 @@ class ResourceCache:
         removed: list[str] = []
         for name in sorted(sub.dirty):
             in_scope = name in sub.names or (sub.wildcard and self.covers(t, name))
-            res = self.get(t, name) if in_scope else None
+            res = self.get(t, name, sub.node_name) if in_scope else None
             held = sub.sent.get(name)
             if res is not None:
                 if held != res.version:

@@ -61,6 +61,7 @@ def _type_field(number: int, type_url: str) -> bytes:
 
 
 DEFAULT_MAX_NAMES = 10_000
+NODE_NAME_METADATA = "NODE_NAME"
 MAX_QUEUED_UNKNOWN = 16
 
 
@@ -81,7 +82,7 @@ class XdsStream:
 
     # Thousands of these live at once; slots keep each one small.
     __slots__ = ("_closed", "_node_seen", "_nonce", "_unknown", "_wake", "ads", "cache",
-                 "info", "max_names", "metrics", "node_id", "peer", "subs")
+                 "info", "max_names", "metrics", "node_id", "node_name", "peer", "subs")
     api = ""
     protocol = ""
 
@@ -108,6 +109,7 @@ class XdsStream:
         # §1.1: the node is guaranteed only on the first request; remember it (its
         # id, for logs: an Envoy node lists every extension it has, kilobytes each).
         self.node_id = ""
+        self.node_name = ""
         self._node_seen = False
         self.subs: dict[str, Subscription] = {}
         self._nonce = 0
@@ -195,6 +197,11 @@ class XdsStream:
         if not self._node_seen and req.HasField("node"):
             self._node_seen = True
             self.node_id = req.node.id
+            # Istio's convention: the pod's node in the node metadata. It keys the
+            # Views this stream reads, like nodeName in a Linkerd context token.
+            meta = req.node.metadata.fields.get(NODE_NAME_METADATA)
+            if meta is not None and meta.HasField("string_value"):
+                self.node_name = meta.string_value[:253]
             if self.info is not None:
                 self.info.client = req.node.id
 
@@ -211,7 +218,7 @@ class XdsStream:
     def _subscription(self, type_url: str) -> tuple[Subscription, bool]:
         sub = self.subs.get(type_url)
         if sub is None:
-            sub = self.subs[type_url] = Subscription(type_url)
+            sub = self.subs[type_url] = Subscription(type_url, node_name=self.node_name)
             return sub, True
         return sub, False
 

@@ -58,6 +58,9 @@ class Subscription:
     acked_version: str = ""
     acks: int = 0
     nacks: int = 0
+    # The Kubernetes node the client runs on (node metadata NODE_NAME), which picks
+    # the View of each EDS name exactly as a Linkerd context token's nodeName does.
+    node_name: str = ""
     last_nack: str = ""
 
     @property

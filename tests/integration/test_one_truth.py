@@ -103,3 +103,36 @@ async def test_linkerd_and_xds_clients_hold_the_same_truth_through_churn(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_node_sees_the_same_filtered_truth_over_both_protocols(
+    make_app: Any, demo_dir: Path
+) -> None:
+    """nodeName in a Linkerd context token and NODE_NAME in an xDS node pick the same
+    View: topology hints, internalTrafficPolicy: Local and zone locality alike."""
+    app = await make_app(demo_dir)
+    catalog = "catalog.shop.svc.cluster.local:80"
+    agent = "node-local-agent.shop.svc.cluster.local:4317"
+    targets = [catalog, agent]
+    token = '{"ns":"shop","nodeName":"node-a","pod":"client"}'
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        linkerd = LinkerdClient(channel, targets, token=token)
+        xds = [XdsClient(channel, targets, client_id=1, node_name="node-a"),
+               XdsClient(channel, targets, client_id=2, delta=True, node_name="node-a")]
+        clients: list[LinkerdClient | XdsClient] = [linkerd, *xds]
+        tasks = [asyncio.create_task(c.run()) for c in clients]
+        try:
+            deadline = time.monotonic() + 10
+            while not all(len(c.state[t].state()) == n for c in clients
+                          for t, n in ((catalog, 2), (agent, 1))):
+                assert time.monotonic() < deadline, (
+                    [sorted(c.state[t].state()) for c in clients for t in targets])
+                await asyncio.sleep(0.02)
+            for t in targets:
+                assert all(x.state[t].state() == linkerd.state[t].state() for x in xds), t
+                assert {e.locality for e in linkerd.state[t].state()} == {"local"}
+                assert {e.zone for e in linkerd.state[t].state()} == {"zone-a"}
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
