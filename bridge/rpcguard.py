@@ -62,6 +62,8 @@ class _Call:
 class _CountingContext:
     """A ServicerContext whose reads and writes are counted; everything else passes."""
 
+    __slots__ = ("_call", "_inner")  # one per open stream: keep it small
+
     def __init__(self, inner: grpc.aio.ServicerContext, call: _Call) -> None:
         self._inner = inner
         self._call = call
