@@ -94,7 +94,7 @@ class Summary:
         return {
             "event": "summary", "api": self.api, "ours": self.ours, "theirs": self.theirs,
             "duration_s": round(self.duration, 3), "targets": self.targets,
-            "counts": self.counts, "fields": list(self.fields), "notes": self.notes,
+            "counts": self.counts, "fields": list(self.fields), "notes": sorted(self.notes),
             "time_to_agree": self.time_to_agree(), "ok": self.ok,
             "exit_status": self.exit_code,
             "unagreed": [u.as_json() for u in self.unagreed],

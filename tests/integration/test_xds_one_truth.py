@@ -12,8 +12,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from bridge.app import App
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import DEMO, Manifests, eventually
@@ -50,8 +48,7 @@ def address(ip: str, port: int) -> str:
 async def test_every_demo_target_is_one_truth_for_both_protocols(
         demo_dir: Path, make_app: AppFactory) -> None:
     app: App = await make_app(demo_dir)
-    if "linkerd" not in app.renderers:
-        pytest.skip("the Linkerd layer is not mounted")
+    assert "linkerd" in app.renderers, "the Linkerd layer is mounted"
     for authority, expected in DEMO.items():
         page = await same_truth(app, authority)
         assert set(page["protocols"]["xds"]["endpoints"]) == {

@@ -173,7 +173,7 @@ def check_sotw_settled(m: SotwModel) -> None:
             assert m.held.get(EDS, {}).get(n) == current, f"stale or missing CLA {n}"
     if CDS in m.names and m.wildcard(CDS):
         # Checked for a wildcard subscription, the way Envoy uses CDS; narrowing `*`
-        # to names is the case of the xfail test below.
+        # to names is tested on its own in the unit tests.
         names = m.names[CDS]
         wildcard = True
         expected = set(m.world.cache.wildcard_names(CDS)) if wildcard else set()
