@@ -90,6 +90,3 @@ def parse_authority(
     service, instance = parse_service_host(host, cluster_domain)
     return ViewKey(service, port, FilterKey(hostname=instance))
 
-
-def authority_of(key: ViewKey, cluster_domain: str) -> str:
-    return key.authority(cluster_domain)

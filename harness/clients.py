@@ -13,7 +13,6 @@ exact, then parse them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -215,9 +214,3 @@ class XdsClient:
     async def close(self) -> None:
         self._requests.put_nowait(None)
 
-
-async def wait_all(events: Iterable[asyncio.Event], timeout: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            for ev in events:
-                await ev.wait()

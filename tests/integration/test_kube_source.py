@@ -18,6 +18,7 @@ from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.sources.kube import KubeSource
 from bridge.views import View, ViewChange
 from harness.clients import LinkerdClient, XdsClient
+from tests import polling
 from tests.conftest import protocol_layers
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
@@ -34,11 +35,7 @@ class Recorder:
 
 
 async def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        await asyncio.sleep(0.02)
+    await polling.eventually(check, timeout)
 
 
 @pytest.fixture

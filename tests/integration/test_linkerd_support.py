@@ -18,6 +18,7 @@ import yaml
 from bridge.app import App
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import address_text
+from tests import polling
 
 SERVICE = "/io.linkerd.proxy.destination.Destination"
 DEADLINE = 10.0
@@ -152,11 +153,7 @@ def remove_objects(folder: Path, match: Callable[[dict[str, Any]], bool]) -> lis
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
     """Poll until `condition` holds, failing after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)  # a polling period under a deadline, not a wait
+    await polling.eventually(condition, timeout, f"timed out waiting for {what}", period=0.01)
 
 
 def metric(app: App, name: str, labels: dict[str, str] | None = None) -> float:

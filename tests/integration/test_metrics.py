@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.app import App
 from harness.clients import LinkerdClient, XdsClient
+from tests.polling import eventually
 
 TARGET = "catalog.shop.svc.cluster.local:80"
 
@@ -34,10 +35,7 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 
 
 async def until(check: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+    await eventually(check, timeout)
 
 
 async def test_metrics_series_move_as_clients_follow_a_change(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,6 +18,7 @@ from bridge.authority import parse_authority
 from bridge.limits import Limits
 from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
 from harness.clients import LinkerdClient, XdsClient
+from tests import polling
 
 MODELS = ("linkerd", "sotw", "delta")
 
@@ -159,8 +159,4 @@ class Fleet:
 
 async def eventually(check: Callable[[], bool], timeout: float,
                      why: Callable[[], str] = lambda: "condition not met") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{why()} after {timeout:g}s")
-        await asyncio.sleep(0.05)  # polling with a deadline
+    await polling.eventually(check, timeout, why, period=0.05)

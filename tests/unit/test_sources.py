@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from bridge.model import ServiceKey
 from bridge.sources import DEMO_DIR, SourceSpecError, make_source
 from bridge.sources.files import FilesSource
 from bridge.sources.sim import ScenarioError, SimCluster, SimSource, parse_scenario
+from tests.polling import eventually
 from tests.unit.builders import endpoint, endpoint_slice, pod, service
 
 
@@ -30,12 +30,7 @@ def good_folder(root: Path) -> Path:
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 2.0) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
+    return await eventually(predicate, timeout, period=0.01)
 
 
 def test_files_source_reads_multi_document_files(tmp_path: Path) -> None:
