@@ -144,12 +144,16 @@ class PortPublisher:
         self.exists = False
         self._memo: EnrichMemo = {}
 
-    def refresh(self) -> None:
+    def load(self) -> None:
+        """Merge and enrich the port's endpoints now, reusing what has not changed."""
         memo: EnrichMemo = {}
         self.exists, self.available = self.registry.merge_endpoints(
             self.service, self.port, self._memo, memo)
         # Only what this version used is kept, so the memo never outgrows the service.
         self._memo = memo
+
+    def refresh(self) -> None:
+        self.load()
         for view in list(self.views.values()):
             view.publish(self.available, self.exists)
 
@@ -213,8 +217,7 @@ class ViewRegistry:
             if not create:
                 return None
             pub = PortPublisher(self, key.service, key.port)
-            pub.exists, pub.available = self.merge_endpoints(key.service, key.port,
-                                                             used=pub._memo)
+            pub.load()
             self.ports[(key.service, key.port)] = pub
             self._ports_by_service.setdefault(key.service, set()).add(key.port)
         view = pub.views.get(key.filter)
