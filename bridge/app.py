@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import grpc
 import prometheus_client
@@ -20,6 +22,8 @@ from bridge import debug
 from bridge.admin import AdminServer, Request, Response
 from bridge.cluster import Cluster
 from bridge.debug import Renderer
+from bridge.h2grpc.server import Server as NativeServer
+from bridge.h2grpc.server import tls_context
 from bridge.limits import Limits
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.rpcguard import GrpcMetrics, RpcGuard
@@ -37,6 +41,8 @@ class ServeOptions:
     extra: dict[str, object] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     tls: TlsFiles | None = None
+    # "native": meshbridge's own gRPC server (bridge/h2grpc); "grpcio": grpc.aio's.
+    grpc_transport: str = "native"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +63,18 @@ class TlsFiles:
             [(read(self.key), read(self.cert))], root_certificates=ca,
             require_client_auth=ca is not None)
 
+    def context(self) -> ssl.SSLContext:
+        return tls_context(self.cert, self.key, self.client_ca)
+
+
+class GrpcServer(Protocol):
+    """What a protocol layer registers its services with (either gRPC server)."""
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None: ...
+
 
 # A protocol layer registers its gRPC services against the running app.
-ProtocolLayer = Callable[["App", grpc.aio.Server], None]
+ProtocolLayer = Callable[["App", GrpcServer], None]
 
 
 def split_host_port(addr: str) -> tuple[str, int]:
@@ -96,7 +111,7 @@ class App:
         self.synced = asyncio.Event()
         self.admin = AdminServer()
         self.layers = list(layers)
-        self.grpc_server: grpc.aio.Server | None = None
+        self.grpc_server: NativeServer | grpc.aio.Server | None = None
         self.grpc_port = 0
         self.admin_port = 0
         self.started_at = time.monotonic()
@@ -115,22 +130,16 @@ class App:
         self._source_task = asyncio.create_task(self._run_source(), name="source")
         limits = self.options.limits
         self.rpc_guard = RpcGuard(limits.max_streams_per_client, GrpcMetrics(self.metrics))
-        server = grpc.aio.server(
-            interceptors=[self.rpc_guard],
-            options=[
-                *limits.server_options(),
-                ("grpc.so_reuseport", 0),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-            ],
-        )
+        server = self._grpc_server(limits)
         for layer in self.layers:
             layer(self, server)
-        if self.options.tls is not None:
-            self.grpc_port = server.add_secure_port(self.options.listen,
-                                                    self.options.tls.credentials())
-        else:
+        tls = self.options.tls
+        if tls is None:
             self.grpc_port = server.add_insecure_port(self.options.listen)
+        elif isinstance(server, NativeServer):
+            self.grpc_port = server.add_secure_port(self.options.listen, tls.context())
+        else:
+            self.grpc_port = server.add_secure_port(self.options.listen, tls.credentials())
         if self.grpc_port == 0:
             raise OSError(f"cannot listen on {self.options.listen}")
         await server.start()
@@ -140,6 +149,22 @@ class App:
         if wait_synced:
             await self.wait_synced()
         log.info("serving", grpc=self.grpc_port, admin=self.admin_port, source=self.source.name)
+
+    def _grpc_server(self, limits: Limits) -> NativeServer | grpc.aio.Server:
+        """The server both protocol layers are mounted on (ServeOptions.grpc_transport)."""
+        if self.options.grpc_transport == "grpcio":
+            return grpc.aio.server(
+                interceptors=[self.rpc_guard],
+                options=[
+                    *limits.server_options(),
+                    ("grpc.so_reuseport", 0),
+                    ("grpc.keepalive_permit_without_calls", 1),
+                    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+                ],
+            )
+        return NativeServer(interceptors=[self.rpc_guard],
+                            max_concurrent_streams=limits.max_streams_per_connection,
+                            max_message_bytes=limits.max_message_bytes)
 
     async def wait_synced(self) -> None:
         synced = asyncio.create_task(self.synced.wait())

@@ -109,6 +109,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
     p.add_argument("--client-ca", default=None,
                    help="PEM CA bundle: require client certificates signed by it (mTLS)")
+    p.add_argument("--grpc-transport", choices=("native", "grpcio"), default="native",
+                   help="the gRPC server: meshbridge's own HTTP/2 server (default) or "
+                        "grpc.aio's")
     defaults = Limits()
     p.add_argument("--max-streams-per-connection", type=int,
                    default=defaults.max_streams_per_connection)
@@ -154,7 +157,8 @@ async def _serve(args: argparse.Namespace) -> int:
     limits = Limits(args.max_streams_per_connection, args.max_message_bytes,
                     args.max_streams_per_client, args.max_resource_names)
     app = App(source, mesh_config(args),
-              ServeOptions(args.listen, args.admin, vars(args), limits, tls), layers)
+              ServeOptions(args.listen, args.admin, vars(args), limits, tls,
+                           args.grpc_transport), layers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

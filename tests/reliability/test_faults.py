@@ -116,16 +116,11 @@ async def test_sigterm_during_churn_ends_every_stream_cleanly_and_exits_zero(
         await eventually(lambda: all(len(f.statuses) > open_at[f.index] for f in live), 10,
                          lambda: "streams still open after the server exited")
         ends = [(f.model, f.statuses[open_at[f.index]]) for f in live]
-        # Linkerd's server-streaming Get ends with the OK the server wrote, always.
-        assert [e for e in ends if e[0] == "linkerd" and e[1] != "OK"] == []
-        # An xDS stream is bidirectional: a client ACK in flight when the process exits
-        # can cost the client the OK it was sent (grpc.aio, reproduced without
-        # meshbridge), so there a transport-level end is accepted — the stream still
-        # ended promptly and the client reconnects either way — but most end OK.
-        transport = ("CANCELLED", "UNAVAILABLE", "INTERNAL")
-        xds = [status for model, status in ends if model != "linkerd"]
-        assert all(s == "OK" or s.startswith(transport) for s in xds), xds
-        assert sum(s == "OK" for s in xds) >= 0.75 * len(xds), xds
+        # Every stream, server-streaming Get and bidirectional ADS alike, ends with the
+        # OK the server wrote: the server closes its connections only after the last
+        # status, and reads what the clients still send (ACKs in flight) until they
+        # close theirs, so no reset can cost a client its status.
+        assert [e for e in ends if e[1] != "OK"] == []
     finally:
         await fleet.stop()
         if proc.returncode is None:

@@ -1,0 +1,392 @@
+"""One gRPC call on a connection: the HTTP/2 stream's state and the handler's context.
+
+A `ServerCall` is both the stream (send window, unsent data, received messages) and
+the `grpc.aio.ServicerContext` its handler is given (`peer`, `read`, `write`, `abort`,
+`code`, ...), so that an idle stream costs one small object and one task. Handlers
+are the ones grpc's generic handlers and interceptors hand out, driven the way
+grpc.aio drives them (by the handler's kind and function type).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from bridge.h2grpc.frames import GRPC_PREFIX
+
+if TYPE_CHECKING:
+    from bridge.h2grpc.connection import Connection
+
+log = structlog.get_logger("meshbridge.grpc")
+
+EOF = grpc.aio.EOF
+# Bytes a writer may have queued beyond the peer's flow-control window before its
+# `write` waits: one large message goes out at once, a reader that stopped reading
+# holds back the writer (as grpc.aio's write does), and nothing grows unbounded.
+WRITE_BUFFER = 64 * 1024
+# How long an unknown method's status waits for the client's first message.
+UNIMPLEMENTED_WAIT = 1.0
+# Send a stream WINDOW_UPDATE once this much of its receive window is consumed.
+STREAM_WINDOW_REFILL = 512 * 1024
+
+
+class _Details:
+    """grpc.HandlerCallDetails for generic handlers and interceptors."""
+
+    __slots__ = ("invocation_metadata", "method")
+
+    def __init__(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+        self.method = method
+        self.invocation_metadata = metadata
+
+
+class _Requests:
+    """The request iterator a client-streaming handler is given."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: ServerCall) -> None:
+        self._call = call
+
+    def __aiter__(self) -> _Requests:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self._call.read()
+        if message is EOF:
+            raise StopAsyncIteration
+        return message
+
+
+class ServerCall:
+    __slots__ = (
+        "_code",
+        "_deadline",
+        "_deserializer",
+        "_details",
+        "_drained",
+        "_encoding",
+        "_inbox",
+        "_metadata",
+        "_rbuf",
+        "_reader",
+        "_serializer",
+        "conn",
+        "ended",
+        "expired",
+        "headers_sent",
+        "lost",
+        "method",
+        "pending",
+        "pending_bytes",
+        "recv_unacked",
+        "remote_closed",
+        "send_window",
+        "stream_id",
+        "task",
+        "trailers",
+    )
+
+    def __init__(self, conn: Connection, stream_id: int, method: str,
+                 metadata: tuple[tuple[str, str | bytes], ...], encoding: str | None,
+                 send_window: int) -> None:
+        self.conn = conn
+        self.stream_id = stream_id
+        self.method = method
+        self._metadata = metadata
+        self._encoding = encoding
+        self.send_window = send_window
+        self.recv_unacked = 0
+        self.headers_sent = False
+        self.remote_closed = False
+        self.ended = False  # trailers queued or sent, or the stream was reset
+        self.lost = False  # reset, or the connection is gone: nothing more goes out
+        self.expired = False  # the deadline passed
+        self.pending: list[bytes] | None = None  # framed messages the window holds back
+        self.pending_bytes = 0
+        self.trailers: bytes | None = None  # queued behind `pending`
+        self.task: asyncio.Task[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._inbox: list[bytes] | None = None
+        self._reader: asyncio.Future[None] | None = None
+        self._rbuf: bytearray | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self._serializer: Callable[[Any], bytes] | None = None
+        self._deserializer: Callable[[bytes], Any] | None = None
+
+    # ------------------------------------------------------------ ServicerContext
+
+    def peer(self) -> str:
+        return self.conn.peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self._metadata
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def done(self) -> bool:
+        return self.ended
+
+    def cancelled(self) -> bool:
+        return self.ended and self._code is None
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self.conn.auth_context
+
+    def set_trailing_metadata(self, _metadata: Any) -> None:
+        return None  # meshbridge's handlers send none
+
+    async def send_initial_metadata(self, _metadata: Any) -> None:
+        if not self.headers_sent and not self.ended:
+            self.conn.send_headers(self)
+
+    async def read(self) -> Any:
+        while not self._inbox:
+            if self.remote_closed or self.ended:
+                return EOF
+            self._reader = asyncio.get_running_loop().create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
+        message = self._inbox.pop(0)
+        if self.recv_unacked >= STREAM_WINDOW_REFILL:
+            self.conn.refill(self)
+        return message if self._deserializer is None else self._deserializer(message)
+
+    async def write(self, message: Any) -> None:
+        if self.ended:
+            raise grpc.aio.UsageError("write on an RPC that has ended")
+        data = message if self._serializer is None else self._serializer(message)
+        self.conn.send_message(self, GRPC_PREFIX.pack(0, len(data)) + data)
+        if self.pending_bytes > WRITE_BUFFER or self.conn.paused:
+            await self._wait_drained()
+
+    async def abort(self, code: grpc.StatusCode, details: str = "",
+                    trailing_metadata: Any = ()) -> None:
+        if self.ended:
+            raise grpc.aio.UsageError("abort on an RPC that has ended")
+        self._code = code
+        self._details = details
+        self.conn.finish(self, code, details)
+        await self._wait_trailers_sent()  # it may be queued behind unsent data
+        raise grpc.aio.AbortError(f"aborted with {code.name}")
+
+    # ------------------------------------------------------------ from the connection
+
+    def received(self, payload: bytes, max_message: int) -> None:
+        """DATA for this stream: split it into gRPC messages."""
+        if self.ended:
+            return
+        rbuf = self._rbuf
+        if rbuf is None:
+            if len(payload) >= 5:
+                flag, n = GRPC_PREFIX.unpack_from(payload)
+                if n + 5 == len(payload) and n <= max_message:  # the usual case
+                    self._deliver(flag, payload[5:])
+                    return
+            rbuf = self._rbuf = bytearray(payload)
+        else:
+            rbuf += payload
+        while len(rbuf) >= 5:
+            flag, n = GRPC_PREFIX.unpack_from(rbuf)
+            if n > max_message:
+                self.fail(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"Received message larger than max ({n} vs. {max_message})")
+                return
+            if len(rbuf) < n + 5:
+                break
+            message = bytes(rbuf[5:n + 5])
+            del rbuf[:n + 5]
+            self._deliver(flag, message)
+            if self.ended:
+                return
+        if not rbuf:
+            self._rbuf = None
+
+    def _deliver(self, flag: int, message: bytes) -> None:
+        if flag:
+            try:
+                message = _decompress(self._encoding, message)
+            except ValueError as e:
+                self.fail(grpc.StatusCode.INTERNAL, str(e))
+                return
+        if self._inbox is None:
+            self._inbox = [message]
+        else:
+            self._inbox.append(message)
+        self._wake_reader()
+
+    def remote_end(self) -> None:
+        self.remote_closed = True
+        self._wake_reader()
+
+    def fail(self, code: grpc.StatusCode, details: str) -> None:
+        """End the call from the transport side (bad request data): status, then stop."""
+        if self.ended:
+            return
+        self._code = code
+        self._details = details
+        log.info("grpc call failed", method=self.method, peer=self.conn.peer, code=code.name,
+                 details=details)
+        self.conn.finish(self, code, details)
+        self._stop_task()
+
+    def reset(self) -> None:
+        """The stream was reset (by either side), or the connection is gone."""
+        self.ended = True
+        self.lost = True
+        self.pending = None
+        self.pending_bytes = 0
+        self.trailers = None
+        self._wake_reader()
+        self.drained()
+        self._stop_task()
+
+    def drained(self) -> None:
+        waiter = self._drained
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def start_deadline(self, seconds: float) -> None:
+        self._deadline = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+    def _expire(self) -> None:
+        if not self.ended:
+            self.expired = True
+            self._stop_task()
+
+    def _stop_task(self) -> None:
+        task = self.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
+    def _wake_reader(self) -> None:
+        waiter = self._reader
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait_drained(self) -> None:
+        """Until the writer may go on: little enough unsent, the socket not paused."""
+        while not self.lost and (self.pending_bytes > WRITE_BUFFER or self.conn.paused):
+            await self._sleep()
+
+    async def _wait_trailers_sent(self) -> None:
+        while not self.lost and self.trailers is not None:
+            await self._sleep()
+
+    async def _sleep(self) -> None:
+        self._drained = asyncio.get_running_loop().create_future()
+        try:
+            await self._drained
+        finally:
+            self._drained = None
+
+    # ------------------------------------------------------------ running the handler
+
+    async def run(self, handlers: tuple[grpc.GenericRpcHandler, ...],
+                  interceptors: tuple[Any, ...]) -> None:
+        try:
+            handler = await _resolve(handlers, interceptors,
+                                     _Details(self.method, self._metadata))
+            if handler is None:
+                # Answered once the client has sent something (or a moment passed): a
+                # grpc.aio client whose first write races a status that is already in
+                # reports INTERNAL instead of the status.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.read(), UNIMPLEMENTED_WAIT)
+                self.conn.finish(self, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+                return
+            self._serializer = handler.response_serializer
+            self._deserializer = handler.request_deserializer
+            await self._drive(handler)
+            if not self.ended:
+                self.conn.finish(self, self._code or grpc.StatusCode.OK, self._details)
+        except grpc.aio.AbortError:
+            pass  # the status went out with the abort
+        except asyncio.CancelledError:
+            if self.expired and not self.ended:
+                self.conn.finish(self, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            elif not self.ended:
+                self.conn.reset(self)  # cancelled by the server (shutdown grace is over)
+        except Exception as e:  # the handler broke: tell the client, keep serving
+            log.exception("grpc handler failed", method=self.method, peer=self.conn.peer)
+            if not self.ended:
+                self.conn.finish(self, grpc.StatusCode.UNKNOWN,
+                                 f"Unexpected {type(e)}: {e}")
+        finally:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self.conn.call_done(self)
+
+    async def _drive(self, handler: grpc.RpcMethodHandler) -> None:
+        if handler.request_streaming:
+            request: Any = _Requests(self)
+        else:
+            request = await self.read()
+            if request is EOF:
+                self.conn.finish(self, grpc.StatusCode.INTERNAL, "Missing request message")
+                return
+        if not handler.response_streaming:
+            fn = handler.unary_unary or handler.stream_unary
+            response = await fn(request, self)
+            if not self.ended and response is not None:
+                await self.write(response)
+            return
+        fn = handler.unary_stream or handler.stream_stream
+        result = fn(request, self)
+        if inspect.isasyncgen(result):  # an async-generator handler yields its messages
+            async for item in result:
+                await self.write(item)
+        else:
+            await result
+
+
+async def _resolve(handlers: tuple[grpc.GenericRpcHandler, ...], interceptors: tuple[Any, ...],
+                   details: _Details) -> grpc.RpcMethodHandler | None:
+    async def lookup(d: Any) -> grpc.RpcMethodHandler | None:
+        for generic in handlers:
+            found = generic.service(d)
+            if found is not None:
+                return found
+        return None
+
+    continuation: Callable[[Any], Any] = lookup
+    for interceptor in reversed(interceptors):
+        continuation = _chain(interceptor, continuation)
+    result: grpc.RpcMethodHandler | None = await continuation(details)
+    return result
+
+
+def _chain(interceptor: Any, inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    async def step(d: Any) -> Any:
+        return await interceptor.intercept_service(inner, d)
+    return step
+
+
+def _decompress(encoding: str | None, message: bytes) -> bytes:
+    if encoding == "gzip":
+        return zlib.decompress(message, wbits=31)
+    if encoding == "deflate":
+        return zlib.decompress(message)
+    raise ValueError(f"compressed message with grpc-encoding {encoding or 'identity'}")
+

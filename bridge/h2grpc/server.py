@@ -1,0 +1,146 @@
+"""The gRPC server meshbridge serves both protocols from: gRPC over HTTP/2, on asyncio.
+
+It takes the same generic handlers and `grpc.aio.ServerInterceptor`s as grpc.aio's
+server, and drives handlers the same way, so the protocol layers do not know which
+server runs them (`--grpc-transport grpcio` selects grpc.aio's). It exists because a
+control plane's cost is its idle subscribers and its fan-out: here an open stream is
+one small object and one task (grpc.aio: about 22 KiB of C-core and Python state),
+and a change written to every stream of a connection leaves in one socket write
+(docs/performance.md has the figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from typing import Any
+
+import grpc
+import structlog
+
+from bridge.h2grpc.call import ServerCall
+from bridge.h2grpc.connection import Connection
+
+log = structlog.get_logger("meshbridge.grpc")
+
+
+class Server:
+    def __init__(self, interceptors: list[Any] | None = None, *,
+                 max_concurrent_streams: int = 10000,
+                 max_message_bytes: int = 4 * 1024 * 1024) -> None:
+        self.interceptors = tuple(interceptors or ())
+        self.handlers: tuple[grpc.GenericRpcHandler, ...] = ()
+        self.max_concurrent_streams = max_concurrent_streams
+        self.max_message_bytes = max_message_bytes
+        self.connections: set[Connection] = set()
+        self.stopping = False
+        self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
+        self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self.handlers = (*self.handlers, *handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self._bind(address, None)
+
+    def add_secure_port(self, address: str, context: ssl.SSLContext) -> int:
+        return self._bind(address, context)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sock, context in self._sockets:
+            self._servers.append(await loop.create_server(
+                lambda: Connection(self), sock=sock, ssl=context,
+                backlog=socket.SOMAXCONN))
+
+    async def stop(self, grace: float | None) -> None:
+        """GOAWAY to every connection; streams still open after `grace` are cancelled."""
+        self.stopping = True
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.go_away()
+        if self._tasks and grace:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1.0)
+        for conn in list(self.connections):
+            conn.go_away()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+
+    async def wait_for_termination(self) -> None:
+        while self._servers and any(s.is_serving() for s in self._servers):
+            await asyncio.sleep(1)
+
+    # ------------------------------------------------------------ for connections
+
+    def call_started(self, call: ServerCall) -> None:
+        assert call.task is not None
+        self._tasks.add(call.task)
+        self._idle.clear()
+
+    def call_done(self, call: ServerCall) -> None:
+        if call.task is not None:
+            self._tasks.discard(call.task)
+        if not self._tasks:
+            self._idle.set()
+
+    def connection_gone(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    # ------------------------------------------------------------ internals
+
+    def _bind(self, address: str, context: ssl.SSLContext | None) -> int:
+        host, _, port_text = address.rpartition(":")
+        host = host.strip("[]")
+        try:
+            port = int(port_text)
+        except ValueError:
+            return 0
+        if host in ("", "*"):
+            host = "::"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        if host not in ("::", "0.0.0.0") and ":" not in host:
+            try:
+                host = str(socket.getaddrinfo(host, port, socket.AF_UNSPEC,
+                                              socket.SOCK_STREAM)[0][4][0])
+            except OSError:
+                return 0
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and host == "::":
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # dual stack
+            sock.bind((host, port))
+            sock.listen(socket.SOMAXCONN)
+            sock.setblocking(False)
+        except OSError as e:
+            sock.close()
+            log.error("cannot listen", address=address, error=str(e))
+            return 0
+        self._sockets.append((sock, context))
+        bound: int = sock.getsockname()[1]
+        return bound
+
+
+def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
+    """TLS for the gRPC port: HTTP/2 by ALPN; with `client_ca`, client certs required."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["h2"])
+    if client_ca:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
