@@ -40,7 +40,8 @@ def demo_dir(tmp_path: Path) -> Path:
 async def make_app() -> AsyncIterator[AppFactory]:
     """Start Apps on 127.0.0.1 with ephemeral ports; all are stopped at teardown.
 
-    make_app(manifests_dir, config=MeshConfig(...), layers=[...], **extra_options)
+    make_app(manifests_dir, config=MeshConfig(...), layers=[...], grpc_transport=...,
+             **extra_options)
     """
     apps: list[App] = []
 
@@ -48,10 +49,13 @@ async def make_app() -> AsyncIterator[AppFactory]:
         manifests: Path,
         config: MeshConfig | None = None,
         layers: Iterable[ProtocolLayer] | None = None,
+        grpc_transport: str = "native",
         **extra: object,
     ) -> App:
         source = FilesSource(manifests, poll_interval=0.05)
-        app = App(source, config, ServeOptions("127.0.0.1:0", "127.0.0.1:0", dict(extra)),
+        options = ServeOptions("127.0.0.1:0", "127.0.0.1:0", dict(extra),
+                               grpc_transport=grpc_transport)
+        app = App(source, config, options,
                   list(layers) if layers is not None else protocol_layers())
         apps.append(app)
         await app.start()

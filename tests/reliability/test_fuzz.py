@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import h2.config
+import h2.connection
 from envoy.service.discovery.v3 import discovery_pb2
 
 from bridge.cluster import Cluster
@@ -26,6 +28,21 @@ WEB = "web.app.svc.cluster.local:80"
 RUNS = int(os.environ.get("MESHBRIDGE_FUZZ_RUNS", "30000"))
 
 
+def http2_session() -> bytes:
+    """A client's side of a short gRPC session, after its preface (the target adds it)."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", "/f.F/Echo"),
+                            (":authority", "x"), ("content-type", "application/grpc"),
+                            ("te", "trailers"), ("grpc-timeout", "5S")])
+    client.send_data(1, b"\x00\x00\x00\x00\x05hello", pad_length=3)
+    client.ping(b"8 bytes!")
+    client.increment_flow_control_window(1000)
+    client.end_stream(1)
+    data: bytes = client.data_to_send()
+    return data[len(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"):]
+
+
 def seeds(folder: Path) -> None:
     folder.mkdir()
     sotw = discovery_pb2.DiscoveryRequest(type_url=EDS, resource_names=[WEB, "x:1"])
@@ -36,6 +53,7 @@ def seeds(folder: Path) -> None:
         scheme="k8s", path=WEB, context_token='{"ns":"app","nodeName":"node-a"}')
     manifest = DEMO_DIR / "10-emojivoto.yaml"
     inputs = {
+        "http2": b"\x04" + http2_session(),
         "sotw": b"\x00" + sotw.SerializeToString(),
         "delta": b"\x01" + delta.SerializeToString(),
         "get": b"\x02" + get.SerializeToString(),
