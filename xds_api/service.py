@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -222,8 +223,8 @@ class StreamRunner:
     to send, a writer task. An idle stream has no writer and holds no response: with
     thousands of streams per process, what one idle stream costs is what matters."""
 
-    __slots__ = ("_context", "_cut_off", "_ending", "_message", "_scheduled", "_task",
-                 "_writer", "info", "service", "stream", "write_started")
+    __slots__ = ("_context", "_cut_off", "_ending", "_message", "_nowait", "_scheduled",
+                 "_soon", "_task", "_writer", "info", "service", "stream", "write_started")
 
     def __init__(self, service: XdsService,
                  stream_cls: type[SotwStream] | type[DeltaStream], ads: bool,
@@ -237,6 +238,9 @@ class StreamRunner:
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._context = context
+        # The native server's synchronous write (bridge/h2grpc); None on grpc.aio's.
+        self._nowait: Callable[[bytes], bool] | None = getattr(context, "write_nowait", None)
+        self._soon = False  # a _write_now is scheduled
         self._writer: asyncio.Task[None] | None = None
         self._scheduled = False
         self._task: asyncio.Task[Any] | None = None
@@ -246,11 +250,38 @@ class StreamRunner:
 
     def wake(self) -> None:
         """Something may be due: start the writer, or have the running one look again."""
-        if self._writer is None:
-            if not (self._ending or self._cut_off):
-                self._writer = asyncio.get_running_loop().create_task(self._flush())
-        else:
+        if self._writer is not None:
             self._scheduled = True
+        elif not (self._ending or self._cut_off):
+            if self._nowait is None:
+                self._writer = asyncio.get_running_loop().create_task(self._flush())
+            elif not self._soon:
+                # Later in this loop turn, so that wakes from one change coalesce.
+                self._soon = True
+                asyncio.get_running_loop().call_soon(self._write_now)
+
+    def _write_now(self) -> None:
+        """Write what is due without a task (the native server takes a message at once
+        while its client keeps up); a writer task starts only when the stream must
+        wait for its client. A fan-out to thousands of streams creates no task."""
+        self._soon = False
+        if self._writer is not None:
+            self._scheduled = True
+            return
+        if self._ending or self._cut_off or self._nowait is None:
+            return
+        try:
+            responses = self.stream.take_responses()
+            while responses:
+                if not self._nowait(responses[0]):
+                    self._writer = asyncio.get_running_loop().create_task(
+                        self._flush(responses))
+                    return
+                responses.pop(0)
+        except Exception as e:  # the call is broken: end the reader too
+            log.debug("xds stream write failed", peer=self.stream.peer, error=repr(e))
+            if self._task is not None:
+                self._task.cancel()
 
     def end(self) -> None:
         """Server shutdown: end the stream with OK so the client reconnects."""
@@ -304,15 +335,16 @@ class StreamRunner:
                     await asyncio.wait_for(writer, SHUTDOWN_WRITE_GRACE)
             self.stream.close()
 
-    async def _flush(self) -> None:
-        """Write what is due until nothing is; responses are computed now, from the
-        current state, so changes that came meanwhile are coalesced, never queued."""
+    async def _flush(self, due: list[bytes] | None = None) -> None:
+        """Write what is due (`due`, then whatever is) until nothing is; responses are
+        computed now, from the current state, so changes that came meanwhile are
+        coalesced, never queued."""
         loop = asyncio.get_running_loop()
         context = self._context
         try:
             while True:
                 self._scheduled = False
-                responses = self.stream.take_responses()
+                responses, due = (due if due is not None else self.stream.take_responses()), None
                 while responses and not self._ending:
                     self.write_started = loop.time()
                     await context.write(responses.pop(0))

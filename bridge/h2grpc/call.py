@@ -181,6 +181,16 @@ class ServerCall:
         if self.pending_bytes > WRITE_BUFFER or self.conn.paused:
             await self._wait_drained()
 
+    def write_nowait(self, message: bytes) -> bool:
+        """Queue a serialized message now, without a task switch, if the stream can take
+        it without waiting; False (nothing queued) when the caller must `await write`."""
+        if self.ended:
+            raise grpc.aio.UsageError("write on an RPC that has ended")
+        if self.pending_bytes > WRITE_BUFFER or self.conn.paused:
+            return False
+        self.conn.send_message(self, GRPC_PREFIX.pack(0, len(message)) + message)
+        return True
+
     async def abort(self, code: grpc.StatusCode, details: str = "",
                     trailing_metadata: Any = ()) -> None:
         if self.ended:

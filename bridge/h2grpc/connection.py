@@ -31,6 +31,9 @@ CONNECTION_WINDOW = 16 << 20
 MAX_HEADER_LIST = 64 * 1024
 # How long a closed connection waits for the client to close its side.
 LINGER = 2.0
+# Frames queued for one connection beyond this go to the socket at once rather than
+# at the end of the loop turn: the client starts reading while a fan-out goes on.
+EAGER_FLUSH = 64 * 1024
 # The socket buffer above which writers wait (asyncio's pause_writing).
 WRITE_HIGH_WATER = 4 << 20
 
@@ -61,6 +64,7 @@ class Connection(asyncio.Protocol):
         self._buf = bytearray()
         self._preface = False
         self._out: list[bytes] = []
+        self._out_bytes = 0  # DATA bytes in _out (control frames are not counted)
         self._flush_scheduled = False
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = MAX_HEADER_LIST
@@ -375,7 +379,11 @@ class Connection(asyncio.Protocol):
                 self._out.append(data)
                 call.send_window -= n
                 self.send_window -= n
-                self._schedule()
+                self._out_bytes += n
+                if self._out_bytes > EAGER_FLUSH:
+                    self._flush()
+                else:
+                    self._schedule()
                 return
             call.pending = [data]
         else:
@@ -481,6 +489,7 @@ class Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._out_bytes = 0
         if self._out and self.transport is not None:
             self.transport.write(b"".join(self._out))
         self._out.clear()
@@ -507,7 +516,11 @@ class Connection(asyncio.Protocol):
         if transport is None:
             return
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # the client is gone already
+                transport.close()
+                return
             self.loop.call_later(LINGER, transport.close)
         else:
             transport.close()
