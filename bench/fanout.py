@@ -153,6 +153,95 @@ async def run_client(args: argparse.Namespace) -> int:
     return 0
 
 
+async def run_lean_client(args: argparse.Namespace) -> int:
+    """The same streams and per-message work as run_client (each response decoded,
+    each xDS response ACKed), on bench/h2client.py: callbacks, no task per stream."""
+    from envoy.service.discovery.v3 import discovery_pb2
+
+    from bench.h2client import LeanConnection
+    from linkerd_api.proto import destination_pb2
+
+    host, port = args.server.rsplit(":", 1)
+    received: dict[int, int] = {}
+    first_at: dict[int, float] = {}
+    seen: dict[tuple[int, int], int] = {}  # (connection, stream) -> messages so far
+    opened = 0
+    ready = asyncio.Event()
+    goal = 0
+
+    def got(n: int, now: float) -> None:
+        nonlocal opened
+        if n == 0:
+            opened += 1
+            if opened >= goal:
+                ready.set()
+            return
+        count = received[n] = received.get(n, 0) + 1
+        if count == 1:
+            first_at[n] = now
+        if count == args.streams:
+            out_line(run=n, first=first_at[n], last=now)
+
+    SotwResponse = discovery_pb2.DiscoveryResponse
+    DeltaResponse = discovery_pb2.DeltaDiscoveryResponse
+    SotwRequest = discovery_pb2.DiscoveryRequest
+    DeltaRequest = discovery_pb2.DeltaDiscoveryRequest
+    conns: list[LeanConnection] = []
+
+    def on_message_of(ci: int) -> Any:
+        def on_message(sid: int, raw: bytes) -> None:
+            now = time.monotonic()
+            key = (ci, sid)
+            n = seen[key] = seen.get(key, -1) + 1
+            if args.protocol == "sotw":
+                resp = SotwResponse.FromString(raw)
+                got(n, now)
+                conns[ci].send(sid, SotwRequest(
+                    type_url=EDS, resource_names=[TARGET], version_info=resp.version_info,
+                    response_nonce=resp.nonce).SerializeToString())
+            elif args.protocol == "delta":
+                dresp = DeltaResponse.FromString(raw)
+                got(n, now)
+                conns[ci].send(sid, DeltaRequest(
+                    type_url=EDS, response_nonce=dresp.nonce).SerializeToString())
+            else:
+                got(n, now)
+        return on_message
+
+    def on_end(sid: int, status: str) -> None:
+        return None  # streams end only when the run is over
+
+    for ci in range(args.channels):
+        conns.append(await LeanConnection.connect(host, int(port), on_message_of(ci), on_end))
+    get_request = destination_pb2.GetDestination(scheme="k8s", path=TARGET).SerializeToString()
+
+    def first_request(i: int) -> bytes:
+        if args.protocol == "get":
+            return get_request
+        if args.protocol == "sotw":
+            first = SotwRequest(type_url=EDS, resource_names=[TARGET])
+        else:
+            first = DeltaRequest(type_url=EDS, resource_names_subscribe=[TARGET])
+        first.node.id = f"bench-{i}"
+        data: bytes = first.SerializeToString()
+        return data
+
+    path = {"get": GET, "sotw": ADS_SOTW, "delta": ADS_DELTA}[args.protocol]
+    started = 0
+    for goal in (args.first_phase, args.streams):
+        ready.clear()
+        for i in range(started, goal):
+            conns[i % len(conns)].open(path, first_request(i), end_stream=args.protocol == "get")
+        started = goal
+        await asyncio.wait_for(ready.wait(), 300)
+        out_line(ready=goal)
+    reader = await commands()
+    await reader.read()  # until the parent closes stdin
+    for c in conns:
+        c.close()
+    return 0
+
+
 # ---------------------------------------------------------------------- the server
 
 
@@ -205,7 +294,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         child = await Child.start(
             "bench.fanout", "--protocol", args.protocol, "--server",
             f"127.0.0.1:{app.grpc_port}", "--streams", str(args.streams),
-            "--first-phase", str(max(1, args.streams // 5)), "--channels", str(args.channels))
+            "--first-phase", str(max(1, args.streams // 5)), "--channels", str(args.channels),
+            "--clients", args.clients)
         idle = idle_check(app, args.protocol)
         readings = []
         for _phase in range(2):
@@ -246,6 +336,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         await app.stop(grace=0.5)
     return {
         "protocol": args.protocol, "streams": args.streams, "channels": args.channels,
+        "clients": args.clients,
         "endpoints": args.endpoints, "runs": args.runs,
         "all_received_ms": latencies, "first_received_ms": firsts,
         "server_cpu_ms": cpu_ms,
@@ -272,8 +363,8 @@ def report(result: dict[str, Any]) -> str:
     lat = result["all_received_ms"]
     return "\n".join([
         f"fan-out: {result['streams']:,} {TITLES[result['protocol']]} streams over "
-        f"{result['channels']} connections, one View of {result['endpoints']} endpoints, "
-        f"{result['runs']} runs",
+        f"{result['channels']} connections ({result.get('clients', 'grpcio')} clients), one "
+        f"View of {result['endpoints']} endpoints, {result['runs']} runs",
         f"  last stream has the change: median {statistics.median(lat):.1f} ms "
         f"(min {min(lat):.1f}, max {max(lat):.1f})",
         f"  first stream has it: median {statistics.median(result['first_received_ms']):.1f}"
@@ -301,12 +392,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile the server during the runs (pyinstrument) into FILE")
     p.add_argument("--trace-memory", action="store_true",
                    help="also measure the Python heap per stream (tracemalloc; slower)")
+    p.add_argument("--clients", choices=("lean", "grpcio"), default="lean",
+                   help="the client streams: bench/h2client.py's callbacks (default) or "
+                        "one grpc.aio call and task per stream")
     p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--server", help=argparse.SUPPRESS)
     p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
-        return asyncio.run(run_client(args))
+        return asyncio.run(run_lean_client(args) if args.clients == "lean"
+                           else run_client(args))
     result = asyncio.run(run_bench(args))
     if args.json:
         print_json("fanout", rows(result), result)
