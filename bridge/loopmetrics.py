@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 
 class CountChild:
@@ -42,7 +43,7 @@ class HistogramChild:
         self.counts[bisect.bisect_left(self._bounds, value)] += 1
 
 
-class _Family:
+class _Family(Collector):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
                  registry: prometheus_client.CollectorRegistry | None) -> None:
         self.name = name
@@ -55,6 +56,9 @@ class _Family:
         return [self._family()]
 
     def _family(self) -> Metric:
+        raise NotImplementedError
+
+    def collect(self) -> Iterator[Metric]:
         raise NotImplementedError
 
 

@@ -20,6 +20,7 @@ import prometheus_client
 import structlog
 
 from bridge.limits import peer_address
+from bridge.loopmetrics import LoopCounter
 
 log = structlog.get_logger("meshbridge.rpc")
 
@@ -33,10 +34,11 @@ class GrpcMetrics:
         self.handled = prometheus_client.Counter(
             "grpc_server_handled", "RPCs completed on the server, by status",
             (*_LABELS, "grpc_code"), registry=registry)
-        self.msg_sent = prometheus_client.Counter(
+        # Per message, on the loop thread: lock-free (bridge/loopmetrics.py).
+        self.msg_sent = LoopCounter(
             "grpc_server_msg_sent", "Stream messages sent by the server", _LABELS,
             registry=registry)
-        self.msg_received = prometheus_client.Counter(
+        self.msg_received = LoopCounter(
             "grpc_server_msg_received", "Stream messages received by the server", _LABELS,
             registry=registry)
         self.handling = prometheus_client.Histogram(

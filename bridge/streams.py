@@ -14,6 +14,8 @@ from typing import Any
 
 import prometheus_client
 
+from bridge.loopmetrics import LoopHistogram
+
 # Change-to-convergence: from the View version a client must learn to the moment it is
 # caught up — written for Linkerd (no ACKs in its protocol), ACKed for xDS.
 CONVERGENCE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -107,9 +109,10 @@ class StreamRegistry:
     def __init__(self, metrics: prometheus_client.CollectorRegistry | None = None) -> None:
         self._streams: dict[int, StreamInfo] = {}
         self._ids = itertools.count(1)
-        self.convergence: prometheus_client.Histogram | None = None
+        self.convergence: LoopHistogram | None = None
         if metrics is not None:
-            self.convergence = prometheus_client.Histogram(
+            # Observed once per stream per change, on the loop thread: lock-free.
+            self.convergence = LoopHistogram(
                 "meshbridge_convergence_seconds",
                 "From a View change to a stream being caught up: written (Linkerd), "
                 "ACKed (xDS)", ["protocol"], buckets=CONVERGENCE_BUCKETS, registry=metrics)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from bridge.loopmetrics import LoopCounter
 from xds_api import resource_types as rt
 
 _TYPES = (*rt.ORDER, "other")
@@ -18,9 +19,10 @@ class XdsMetrics:
         reg = registry if registry is not None else CollectorRegistry()
         self.registry = reg
         streams = Gauge("pilot_xds", "Connected xDS streams.", ["api"], registry=reg)
-        pushes = Counter("pilot_xds_pushes", "xDS responses sent.", ["type"], registry=reg)
-        push_bytes = Counter("pilot_xds_push_bytes", "Bytes of xDS responses sent.", ["type"],
-                             registry=reg)
+        # Counted once per response per stream, on the loop thread: lock-free.
+        pushes = LoopCounter("pilot_xds_pushes", "xDS responses sent.", ["type"], registry=reg)
+        push_bytes = LoopCounter("pilot_xds_push_bytes", "Bytes of xDS responses sent.",
+                                 ["type"], registry=reg)
         rejects = Counter("pilot_total_xds_rejects",
                           "xDS responses rejected by clients (NACKs).", ["type"],
                           registry=reg)
