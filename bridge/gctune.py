@@ -19,8 +19,9 @@ What:
   that form none.
 * It also raises the thresholds, so that while many long-lived objects are created
   at once (a connect storm) young collections are rarer and full ones much rarer.
-* `release_heap()` unfreezes: for a process that runs several servers in turn (a
-  benchmark), so that a stopped one can be collected.
+* `release_heap()` undoes it (unfreezes, puts the thresholds back): for a process
+  that runs several servers in turn (a benchmark, a test session), so that a
+  stopped one can be collected.
 """
 
 from __future__ import annotations
@@ -35,13 +36,21 @@ import gc
 THRESHOLDS = (50_000, 20, 10)
 
 
+_before: list[tuple[int, ...]] = []  # the thresholds settle_heap replaced, if it did
+
+
 def settle_heap() -> None:
     """Freeze the objects alive now out of the collector's reach; raise its thresholds."""
     gc.collect()
     gc.freeze()
+    if not _before:
+        _before.append(gc.get_threshold())
     gc.set_threshold(*THRESHOLDS)
 
 
 def release_heap() -> None:
-    """Give the frozen objects back to the collector (they are collected as usual)."""
+    """Give the frozen objects back to the collector (they are collected as usual) and
+    put back the thresholds `settle_heap` replaced."""
     gc.unfreeze()
+    if _before:
+        gc.set_threshold(*_before.pop())

@@ -41,6 +41,14 @@ def test_settle_heap_freezes_what_is_alive_and_raises_the_thresholds(
     assert any(o is held for o in gc.get_objects())
 
 
+def test_release_heap_puts_the_thresholds_back(collector: None) -> None:
+    gc.set_threshold(700, 10, 10)
+    gctune.settle_heap()
+    gctune.settle_heap()  # a second settle (the compare worker settles per model)
+    gctune.release_heap()
+    assert gc.get_threshold() == (700, 10, 10)
+
+
 def test_frozen_objects_are_still_freed_when_dropped(collector: None) -> None:
     class Held:
         pass
