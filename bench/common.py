@@ -18,6 +18,7 @@ the table is a median of several runs and says how many.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import resource
@@ -65,6 +66,38 @@ def rss_kib() -> int:
 def cpu_seconds() -> float:
     """CPU seconds (user + system) of this process and all its threads so far."""
     return time.process_time()
+
+
+class GcPauses:
+    """The cyclic collector's pauses in this process while open: count, total and
+    longest, per generation (wall time from the collector's start to its end)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.total = [0.0, 0.0, 0.0]
+        self.longest = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        gen, took = info["generation"], time.perf_counter() - self._started
+        self.count[gen] += 1
+        self.total[gen] += took
+        self.longest[gen] = max(self.longest[gen], took)
+
+    def figures(self) -> dict[str, Any]:
+        """{"gen2": {"count": 3, "total_ms": 410.2, "max_ms": 180.4}, ...}"""
+        return {f"gen{g}": {"count": self.count[g], "total_ms": round(self.total[g] * 1e3, 1),
+                            "max_ms": round(self.longest[g] * 1e3, 1)} for g in range(3)}
 
 
 def out_line(**fields: Any) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import statistics
@@ -29,14 +30,17 @@ import grpc
 
 from bench.common import (
     Child,
+    GcPauses,
     StaticSource,
     commands,
+    cpu_seconds,
     out_line,
     poll,
     print_json,
     row,
     serving_layers,
 )
+from bridge import gctune
 
 TARGET_S = 5.0
 TARGET_CLIENTS = 5000
@@ -57,6 +61,7 @@ async def run_client(args: argparse.Namespace) -> int:
 
     reader = await commands()
     states = ClaStates()
+    gctune.settle_heap()  # the measuring clients' own GC pauses are not the server's
     mine = [i for i in range(args.clients) if i % args.procs == args.proc]
     out_line(ready=len(mine))
     while (line := await reader.readline()):
@@ -95,12 +100,15 @@ async def one_round(args: argparse.Namespace, mine: list[int], states: Any,
         if all(len(client.state[t].endpoints) == args.endpoints for t in targets):
             done_at.append(time.monotonic())
 
-    waiters = [asyncio.create_task(follow(i)) for i in mine]
-    _, pending = await asyncio.wait(waiters, timeout=args.timeout)
+    cpu0 = cpu_seconds()
+    with GcPauses() as pauses:
+        waiters = [asyncio.create_task(follow(i)) for i in mine]
+        _, pending = await asyncio.wait(waiters, timeout=args.timeout)
     out_line(complete=len(done_at), clients=len(mine),
              last=max(done_at) - t0 if done_at else None,
              first=min(done_at) - t0 if done_at else None,
-             median=statistics.median(done_at) - t0 if done_at else None)
+             median=statistics.median(done_at) - t0 if done_at else None,
+             cpu_s=cpu_seconds() - cpu0, gc=pauses.figures())
     for w in pending:
         w.cancel()
     for c in clients:
@@ -111,6 +119,9 @@ async def one_round(args: argparse.Namespace, mine: list[int], states: Any,
     await asyncio.gather(*tasks, *pending, return_exceptions=True)
     for ch in channels:
         await ch.close(grace=None)
+    for held in (channels, clients, tasks, waiters):
+        held.clear()
+    gc.collect()  # this round's clients are garbage: not the next round's pauses
     out_line(closed=True)
 
 
@@ -131,6 +142,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     app = App(StaticSource(sim.initial_objects()), None,
               ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
     await app.start()
+    gctune.settle_heap()  # as `meshbridge serve` does once synced
     children: list[Child] = []
     runs: list[dict[str, Any]] = []
     try:
@@ -144,24 +156,32 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         for c in children:
             await c.line()
         for _ in range(args.runs):
-            t0 = time.monotonic()
-            for c in children:
-                await c.send(t0=t0)
-            parts = [await c.line(args.timeout + 120) for c in children]
+            t0, cpu0 = time.monotonic(), cpu_seconds()
+            with GcPauses() as pauses:
+                for c in children:
+                    await c.send(t0=t0)
+                parts = [await c.line(args.timeout + 120) for c in children]
+            server_cpu = cpu_seconds() - cpu0
             complete = sum(p["complete"] for p in parts)
             lasts = [p["last"] for p in parts if p["last"] is not None]
             runs.append({"complete": complete, "clients": args.clients,
                          "last_s": max(lasts) if lasts and complete == args.clients
                          else None,
                          "median_s": statistics.median(
-                             [p["median"] for p in parts if p["median"] is not None] or [0])})
+                             [p["median"] for p in parts if p["median"] is not None] or [0]),
+                         # CPU seconds and GC pauses until every client process reported
+                         "server_cpu_s": server_cpu, "server_gc": pauses.figures(),
+                         "client_cpu_s": [p["cpu_s"] for p in parts],
+                         "client_gc": [p["gc"] for p in parts]})
             for c in children:
                 await c.line(120)
             await poll(lambda: len(app.streams) == 0, 120, "every stream dropped", 0.05)
+            gc.collect()  # the dropped streams are garbage: not the next round's pauses
     finally:
         for c in children:
             await c.close()
         await app.stop(grace=0.5)
+        gctune.release_heap()
     return {"clients": args.clients, "targets": args.targets, "services": args.services,
             "endpoints": args.endpoints, "procs": args.procs, "runs": runs}
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from bridge import gctune
 from bridge.limits import Limits
 from bridge.log import configure_logging
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
@@ -169,6 +170,7 @@ async def _serve(args: argparse.Namespace) -> int:
     done, _ = await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if waiter in done and waiter.exception() is None:
         app.log_summary()
+        gctune.settle_heap()
         await stopper
     else:
         waiter.cancel()

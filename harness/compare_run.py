@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from bridge import gctune
 from bridge.app import App, ProtocolLayer, ServeOptions
 from bridge.limits import Limits
 from bridge.model import MeshConfig
@@ -303,6 +304,7 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
             raise RunError("no protocol layer started: " + "; ".join(r.broken.values()))
         specs = cs.client_specs(r.models)
         r.truth.follow(app.views, cs.followed_targets())
+        gctune.settle_heap()  # as `meshbridge serve` does once synced
         config = out / "clients.json"
         results = out / "client-results.json"
         config.write_text(json.dumps({
@@ -382,6 +384,7 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         if worker is not None:
             await worker.close()
         await app.stop(grace=0.5)
+        gctune.release_heap()
 
 
 def _heap() -> int:

@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from bridge import gctune
 from harness.clients import LinkerdClient, Received, XdsClient
 from harness.normalize import NormalEndpoint, State, digest, from_cla
 
@@ -246,7 +247,11 @@ async def main_async(config_path: Path) -> int:
                 return 1
             cmd = json.loads(line)
             if cmd["cmd"] == "connect":
-                emit(await worker.connect(cmd["model"]))
+                reply = await worker.connect(cmd["model"])
+                # The clients just set up live until the end: keep the collector off
+                # them, so that its pauses are not what the latencies measure.
+                gctune.settle_heap()
+                emit(reply)
             elif cmd["cmd"] == "stop":
                 reporter.cancel()
                 final = worker.progress()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +57,9 @@ def tcp_address(addr: Any) -> tuple[str, int]:
     if ip.HasField("ipv6"):
         value = (ip.ipv6.first << 64) | ip.ipv6.last
         return str(ipaddress.IPv6Address(value)), int(addr.port)
-    return str(ipaddress.IPv4Address(ip.ipv4)), int(addr.port)
+    # What str(IPv4Address(n)) gives, a tenth of the cost: the measuring clients
+    # decode tens of thousands of addresses in a connect storm.
+    return socket.inet_ntoa(ip.ipv4.to_bytes(4, "big")), int(addr.port)
 
 
 def from_weighted_addr(wa: Any) -> NormalEndpoint:
@@ -72,9 +75,28 @@ def from_weighted_addr(wa: Any) -> NormalEndpoint:
         hint = "opaque" if ph.HasField("opaque") else "h2" if ph.HasField("h2") else ""
         if ph.HasField("opaque_transport"):
             transport = int(ph.opaque_transport.inbound_port)
-    labels = dict(wa.metric_labels)
+    labels = wa.metric_labels
     return NormalEndpoint(address, port, int(wa.weight), identity, hint, transport,
                           labels.get("zone", ""), labels.get("zone_locality", ""))
+
+
+# The metadata fields a NormalEndpoint reads.
+METADATA_READ = ("weight", "identity", "protocol_hint", "opaque_transport_port", "zone",
+                 "zone_locality")
+
+
+def plain_value(value: Any) -> Any:
+    """A `google.protobuf.Value` as `json_format.MessageToDict` gives it."""
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        return value.number_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind is None or kind == "null_value":
+        return None
+    return json_format.MessageToDict(value)
 
 
 def from_lb_endpoint(lb: Any) -> NormalEndpoint:
@@ -82,7 +104,10 @@ def from_lb_endpoint(lb: Any) -> NormalEndpoint:
     meta: dict[str, Any] = {}
     fm = lb.metadata.filter_metadata
     if METADATA_NAMESPACE in fm:
-        meta = json_format.MessageToDict(fm[METADATA_NAMESPACE])
+        # Only the fields read below, without json_format's walk over the whole
+        # Struct (which was most of the measuring clients' decoding time).
+        fields = fm[METADATA_NAMESPACE].fields
+        meta = {k: plain_value(fields[k]) for k in METADATA_READ if k in fields}
     health = lb.DESCRIPTOR.fields_by_name["health_status"].enum_type.values_by_number[
         lb.health_status].name
     return NormalEndpoint(

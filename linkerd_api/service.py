@@ -101,6 +101,13 @@ def register(app: App, server: grpc.aio.Server) -> None:
     app.renderers["linkerd"] = service.render_view
     _services[app] = service
 
+    def forget() -> None:
+        # The entry's value refers to its key, so the weak key alone would never
+        # let a stopped App (and its whole cluster cache) be freed.
+        _services.pop(app, None)
+
+    app.on_stop.append(forget)
+
 
 def service_of(app: App) -> DestinationService:
     """The destination service registered on `app` (for tests and tools)."""

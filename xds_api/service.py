@@ -67,6 +67,13 @@ def register(app: App, server: grpc.aio.Server) -> None:
     app.renderers["xds"] = service.render_view
     SERVICES[app] = service
 
+    def forget() -> None:
+        # The entry's value refers to its key, so the weak key alone would never
+        # let a stopped App (and its whole cluster cache) be freed.
+        SERVICES.pop(app, None)
+
+    app.on_stop.append(forget)
+
 
 # The xDS service of each running App, for tests, benchmarks and debug pages.
 SERVICES: weakref.WeakKeyDictionary[App, XdsService] = weakref.WeakKeyDictionary()
