@@ -36,10 +36,15 @@ RESULTS = HERE / "results.json"
 # (suite, module, arguments) for the full table and for --quick. A suite may run its
 # module several times (fan-out: once per protocol and stream count).
 FULL: dict[str, list[list[str]]] = {
+    # Lean load clients (bench/h2client.py) measure the server; the grpc.aio rows show
+    # what one Python process of grpc.aio clients adds on the same two cores.
     "fanout": [["fanout", "--protocol", p, "--streams", str(n), "--runs", "7"]
-               for n in (1000, 5000, 10000) for p in ("get", "sotw", "delta")],
+               for n in (1000, 5000, 10000) for p in ("get", "sotw", "delta")]
+    + [["fanout", "--protocol", p, "--streams", "5000", "--runs", "7", "--clients", "grpcio"]
+       for p in ("get", "sotw", "delta")],
     "churn": [["churn", "--runs", "3"]],
-    "connect": [["connect", "--runs", "3"]],
+    "connect": [["connect", "--runs", "3"], ["connect", "--runs", "3",
+                                             "--clients-kind", "grpcio"]],
     "encode": [["encode", "--runs", "5"]],
 }
 QUICK: dict[str, list[list[str]]] = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import random
@@ -45,6 +46,10 @@ from bridge import gctune
 TARGET_S = 5.0
 TARGET_CLIENTS = 5000
 MODELS = ("linkerd", "sotw", "delta")
+GET = "/io.linkerd.proxy.destination.Destination/Get"
+ADS_SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+ADS_DELTA = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 
 
 def targets_of(index: int, services: int, targets: int) -> list[str]:
@@ -65,7 +70,11 @@ async def run_client(args: argparse.Namespace) -> int:
     mine = [i for i in range(args.clients) if i % args.procs == args.proc]
     out_line(ready=len(mine))
     while (line := await reader.readline()):
-        await one_round(args, mine, states, json.loads(line)["t0"])
+        t0 = json.loads(line)["t0"]
+        if args.clients_kind == "lean":
+            await one_round_lean(args, mine, t0)
+        else:
+            await one_round(args, mine, states, t0)
     return 0
 
 
@@ -125,6 +134,127 @@ async def one_round(args: argparse.Namespace, mine: list[int], states: Any,
     out_line(closed=True)
 
 
+class LeanClient:
+    """One proxy on bench/h2client.py, on its own connection: a Get stream per target
+    (Linkerd) or one ADS stream naming every target (xDS). Every message is decoded,
+    every xDS response ACKed; it is done once it holds every endpoint of every target."""
+
+    def __init__(self, index: int, targets: list[str], endpoints: int,
+                 done: Any) -> None:
+        self.index = index
+        self.model = MODELS[index % 3]
+        self.targets = targets
+        self.endpoints = endpoints
+        self.held: dict[str, set[tuple[object, int]]] = {t: set() for t in targets}
+        self.by_stream: dict[int, str] = {}
+        self.conn: Any = None
+        self._done = done
+        self.finished = False
+
+    async def start(self, host: str, port: int) -> None:
+        from envoy.service.discovery.v3 import discovery_pb2
+
+        from bench.h2client import LeanConnection
+        from linkerd_api.proto import destination_pb2
+
+        self.conn = await LeanConnection.connect(host, port, self.on_message, self.on_end)
+        if self.model == "linkerd":
+            for t in self.targets:
+                sid = self.conn.open(GET, destination_pb2.GetDestination(
+                    scheme="k8s", path=t).SerializeToString(), end_stream=True)
+                self.by_stream[sid] = t
+            return
+        if self.model == "sotw":
+            first: Any = discovery_pb2.DiscoveryRequest(type_url=EDS,
+                                                        resource_names=self.targets)
+        else:
+            first = discovery_pb2.DeltaDiscoveryRequest(
+                type_url=EDS, resource_names_subscribe=self.targets)
+        first.node.id = f"connect-{self.index}"
+        self.conn.open(ADS_SOTW if self.model == "sotw" else ADS_DELTA,
+                       first.SerializeToString())
+
+    def on_message(self, sid: int, raw: bytes) -> None:
+        from envoy.config.endpoint.v3 import endpoint_pb2
+        from envoy.service.discovery.v3 import discovery_pb2
+
+        from linkerd_api.proto import destination_pb2
+
+        if self.model == "linkerd":
+            update = destination_pb2.Update.FromString(raw)
+            held = self.held[self.by_stream[sid]]
+            kind = update.WhichOneof("update")
+            if kind == "add":
+                held.update((_ip(a.addr.ip), a.addr.port) for a in update.add.addrs)
+            elif kind == "remove":
+                held.difference_update((_ip(a.ip), a.port) for a in update.remove.addrs)
+            else:
+                held.clear()
+        else:
+            if self.model == "sotw":
+                resp: Any = discovery_pb2.DiscoveryResponse.FromString(raw)
+                values = [r.value for r in resp.resources]
+                ack: Any = discovery_pb2.DiscoveryRequest(
+                    type_url=EDS, resource_names=self.targets,
+                    version_info=resp.version_info, response_nonce=resp.nonce)
+            else:
+                resp = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
+                values = [r.resource.value for r in resp.resources]
+                ack = discovery_pb2.DeltaDiscoveryRequest(type_url=EDS,
+                                                          response_nonce=resp.nonce)
+            for value in values:
+                cla = endpoint_pb2.ClusterLoadAssignment.FromString(value)
+                if cla.cluster_name in self.held:
+                    self.held[cla.cluster_name] = {
+                        (lb.endpoint.address.socket_address.address,
+                         lb.endpoint.address.socket_address.port_value)
+                        for loc in cla.endpoints for lb in loc.lb_endpoints}
+            self.conn.send(sid, ack.SerializeToString())
+        if not self.finished and all(len(h) == self.endpoints for h in self.held.values()):
+            self.finished = True
+            self._done(time.monotonic())
+
+    def on_end(self, sid: int, status: str) -> None:
+        return None  # a stream ending early leaves the client unfinished: counted as such
+
+
+def _ip(ip: Any) -> tuple[int, ...]:
+    return (ip.ipv4,) if ip.HasField("ipv4") else (ip.ipv6.first, ip.ipv6.last)
+
+
+async def one_round_lean(args: argparse.Namespace, mine: list[int], t0: float) -> None:
+    """one_round, with LeanClients: the clients' own cost is a fraction of grpc.aio's."""
+    host, port = args.server.rsplit(":", 1)
+    done_at: list[float] = []
+    all_done = asyncio.Event()
+
+    def done(at: float) -> None:
+        done_at.append(at)
+        if len(done_at) == len(mine):
+            all_done.set()
+
+    clients = [LeanClient(i, targets_of(i, args.services, args.targets), args.endpoints,
+                          done) for i in mine]
+    cpu0 = cpu_seconds()
+    with GcPauses() as pauses:
+        starts = [asyncio.create_task(c.start(host, int(port))) for c in clients]
+        with contextlib.suppress(TimeoutError):  # reported as incomplete
+            await asyncio.wait_for(all_done.wait(), args.timeout)
+    out_line(complete=len(done_at), clients=len(mine),
+             last=max(done_at) - t0 if done_at else None,
+             first=min(done_at) - t0 if done_at else None,
+             median=statistics.median(done_at) - t0 if done_at else None,
+             cpu_s=cpu_seconds() - cpu0, gc=pauses.figures())
+    for t in starts:
+        t.cancel()
+    for c in clients:
+        if c.conn is not None:
+            c.conn.close()
+    clients.clear()
+    gc.collect()
+    out_line(closed=True)
+
+
 # ---------------------------------------------------------------------- server
 
 
@@ -152,7 +282,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 "--clients", str(args.clients), "--targets", str(args.targets),
                 "--services", str(args.services), "--endpoints", str(args.endpoints),
                 "--procs", str(args.procs), "--proc", str(k),
-                "--timeout", str(args.timeout)))
+                "--timeout", str(args.timeout), "--clients-kind", args.clients_kind))
         for c in children:
             await c.line()
         for _ in range(args.runs):
@@ -182,7 +312,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             await c.close()
         await app.stop(grace=0.5)
         gctune.release_heap()
-    return {"clients": args.clients, "targets": args.targets, "services": args.services,
+    return {"clients": args.clients, "clients_kind": args.clients_kind,
+            "targets": args.targets, "services": args.services,
             "endpoints": args.endpoints, "procs": args.procs, "runs": runs}
 
 
@@ -190,7 +321,8 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     n = result["clients"]
     lasts = [r["last_s"] if r["last_s"] is not None else float("inf")
              for r in result["runs"]]
-    return [row(f"{n:,} clients connecting at once ({result['targets']} targets each)",
+    kind = "" if result.get("clients_kind", "lean") == "lean" else ", grpc.aio clients"
+    return [row(f"{n:,} clients connecting at once ({result['targets']} targets each{kind})",
                 "last client has its full snapshot", lasts, "s",
                 TARGET_S if n == TARGET_CLIENTS else None,
                 complete=[r["complete"] for r in result["runs"]])]
@@ -203,7 +335,8 @@ def report(result: dict[str, Any]) -> str:
     ok = [x for x in lasts if x is not None]
     return "\n".join([
         f"connect storm: {result['clients']:,} clients (Linkerd, SotW, delta in thirds) x "
-        f"{result['targets']} targets over {result['procs']} client processes, "
+        f"{result['targets']} targets over {result['procs']} client processes "
+        f"({result.get('clients_kind', 'grpcio')} clients), "
         f"{len(runs)} runs",
         f"  last client has its full snapshot: median "
         f"{statistics.median(ok) if len(ok) == len(lasts) else float('nan'):.2f} s "
@@ -223,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--clients-kind", choices=("lean", "grpcio"), default="lean",
+                   help="the clients: bench/h2client.py (default) or grpc.aio channels "
+                        "(harness/clients.py)")
     p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--server", help=argparse.SUPPRESS)
     p.add_argument("--proc", type=int, default=0, help=argparse.SUPPRESS)
