@@ -29,6 +29,11 @@ log = structlog.get_logger("meshbridge.grpc")
 STREAM_WINDOW = 1 << 20
 CONNECTION_WINDOW = 16 << 20
 MAX_HEADER_LIST = 64 * 1024
+# A client resetting more streams than this within RESET_WINDOW seconds is flooding
+# the server with work it throws away ("rapid reset", CVE-2023-44487): its connection
+# is closed with ENHANCE_YOUR_CALM. Proxies cancel a handful of streams a minute.
+RESET_BUDGET = 2000
+RESET_WINDOW = 10.0
 # How long a closed connection waits for the client to close its side.
 LINGER = 2.0
 # Frames queued for one connection beyond this go to the socket at once rather than
@@ -73,6 +78,8 @@ class Connection(asyncio.Protocol):
         self.peer_stream_window = f.DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
         self.max_frame = f.DEFAULT_MAX_FRAME
         self._recv_unacked = 0
+        self._resets = 0
+        self._resets_since = 0.0
 
     # ------------------------------------------------------------ asyncio.Protocol
 
@@ -327,6 +334,14 @@ class Connection(asyncio.Protocol):
         if call is not None:
             self.blocked.pop(stream_id, None)
             call.reset()
+            now = self.loop.time()
+            if now - self._resets_since > RESET_WINDOW:
+                self._resets, self._resets_since = 0, now
+            self._resets += 1
+            if self._resets > RESET_BUDGET:
+                raise ConnectionError_(f.ENHANCE_YOUR_CALM,
+                                       f"more than {RESET_BUDGET} streams reset in "
+                                       f"{RESET_WINDOW:g} s")
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:

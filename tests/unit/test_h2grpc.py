@@ -19,6 +19,7 @@ import h2.events
 import h2.settings
 import pytest
 
+from bridge.h2grpc.connection import RESET_BUDGET
 from bridge.h2grpc.server import Server
 from tests.polling import eventually
 
@@ -411,3 +412,21 @@ async def test_a_client_that_is_not_http2_is_told_and_closed(
     goaway = [payload for kind, payload in frames if kind == 0x7]
     assert goaway and int.from_bytes(goaway[0][4:8], "big") == 0x1  # PROTOCOL_ERROR
     writer.close()
+
+
+async def test_a_client_resetting_streams_in_a_flood_is_cut_off_alone(
+        served: tuple[Server, Handlers, str]) -> None:
+    _, _, address = served
+    flood = await RawClient.connect(address)
+    await flood.until(lambda e: isinstance(e, h2.events.RemoteSettingsChanged))
+    for _ in range(RESET_BUDGET + 100):  # open a stream, throw it away at once
+        sid = flood.request("Hold")
+        flood.conn.send_data(sid, _frame(b""), end_stream=True)
+        flood.conn.reset_stream(sid)
+    flood.send()
+    goaway = await flood.until(lambda e: isinstance(e, h2.events.ConnectionTerminated))
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    assert b"streams reset" in (goaway.additional_data or b"")
+    async with grpc.aio.insecure_channel(address) as ch:  # everyone else is served
+        assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"calm", timeout=5) == b"echo:calm"
+    await flood.close()
