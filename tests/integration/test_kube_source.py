@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -310,3 +311,113 @@ async def test_informer_lag_and_cache_size_metrics_move(
     await eventually(lambda: sample("endpointslices_informer_lag_seconds_count") > before)
     # The lag is measured from the write's managedFields time: seconds, not hours.
     assert sample("endpointslices_informer_lag_seconds_sum") < 3600
+
+
+async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_truth(
+    objs: Objects, start_app: Callable[..., Any], kube_apiserver: KubeAPIServer
+) -> None:
+    """Slices of three services change all the time while the watches are broken by
+    an etcd compaction (410 Gone, relist) and then by an API outage; the churn goes on
+    throughout (its writes fail while the API is down). Afterwards every Get, SotW
+    and delta client holds exactly what the API holds."""
+    node = objs.node("zone-a")
+    pods = [(f"web-{i}", f"10.2.0.{i + 1}") for i in range(8)]
+    for name, ip in pods:
+        objs.pod(name, ip, node)
+    services = ("alpha", "beta", "gamma")
+
+    def put(service: str, chosen: list[tuple[str, str]]) -> None:
+        body = objs.slice_body(f"{service}-a", chosen, service=service)
+        try:
+            objs.discovery.create_namespaced_endpoint_slice(objs.ns, body)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+            objs.discovery.replace_namespaced_endpoint_slice(f"{service}-a", objs.ns, body)
+
+    for i, svc in enumerate(services):
+        objs.service(svc)
+        put(svc, pods[i:i + 2])
+    app = await start_app()
+    source = app.source
+    assert isinstance(source, KubeSource)
+    targets = [f"{svc}.{objs.ns}.svc.cluster.local:80" for svc in services]
+    rng = random.Random(11)
+    writes = 0
+
+    def delete(service: str) -> None:
+        try:
+            objs.discovery.delete_namespaced_endpoint_slice(f"{service}-a", objs.ns)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def churn() -> None:
+        nonlocal writes
+        while True:
+            svc = rng.choice(services)
+            chosen = rng.sample(pods, rng.randint(1, 5))
+            try:
+                if rng.random() < 0.2:  # the slice goes away (all endpoints gone)
+                    await asyncio.to_thread(delete, svc)
+                else:
+                    await asyncio.to_thread(put, svc, chosen)
+                writes += 1
+            except Exception:  # the API is down: the next write will tell
+                await asyncio.sleep(0.1)  # pacing a retry, not synchronisation
+            await asyncio.sleep(0.02)  # the churn's rate
+
+    def truth() -> dict[str, set[str]]:
+        held = {}
+        for svc, target in zip(services, targets, strict=True):
+            listed = objs.discovery.list_namespaced_endpoint_slice(
+                objs.ns, label_selector=f"kubernetes.io/service-name={svc}").items
+            held[target] = {a for s in listed for e in s.endpoints or () for a in e.addresses}
+        return held
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        clients: list[LinkerdClient | XdsClient] = [
+            *(LinkerdClient(channel, [t], i) for i, t in enumerate(targets)),
+            XdsClient(channel, targets, 10, node_id="sotw"),
+            XdsClient(channel, targets, 11, delta=True, node_id="delta")]
+        tasks = [asyncio.create_task(c.run()) for c in clients]
+        churning = asyncio.create_task(churn())
+        try:
+            await eventually(lambda: writes >= 20, timeout=30)
+            before = {w.spec.kind: w.relists for w in source.watchers}
+            # In threads, so that the churn (and meshbridge) run on meanwhile.
+            await asyncio.to_thread(kube_apiserver.stop_apiserver)
+            try:
+                await asyncio.to_thread(kube_apiserver.compact_etcd)
+            finally:
+                await asyncio.to_thread(kube_apiserver.start_apiserver)
+            await eventually(lambda: all(w.relists > before[w.spec.kind]
+                                         for w in source.watchers
+                                         if w.spec.kind in ("EndpointSlice", "Pod")),
+                             timeout=60)
+            after_relist = writes
+            await eventually(lambda: writes >= after_relist + 20, timeout=30)
+            await asyncio.to_thread(kube_apiserver.stop_apiserver)
+            try:
+                await eventually(lambda: source.stale, timeout=30)
+            finally:
+                await asyncio.to_thread(kube_apiserver.start_apiserver)
+            after_outage = writes
+            await eventually(lambda: writes >= after_outage + 20, timeout=60)
+        finally:
+            churning.cancel()
+            await asyncio.gather(churning, return_exceptions=True)
+        expected = await asyncio.to_thread(truth)
+
+        def wrong() -> list[str]:
+            return [f"{type(c).__name__} {t}: {sorted(addresses(c, t))} != "
+                    f"{sorted(expected[t])}" for c in clients for t in c.targets
+                    if addresses(c, t) != expected[t]]
+
+        try:
+            await polling.eventually(lambda: not wrong(), 60, lambda: "; ".join(wrong()))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    assert not source.stale
