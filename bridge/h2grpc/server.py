@@ -78,10 +78,6 @@ class Server:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
 
-    async def wait_for_termination(self) -> None:
-        while self._servers and any(s.is_serving() for s in self._servers):
-            await asyncio.sleep(1)
-
     # ------------------------------------------------------------ for connections
 
     def call_started(self, call: ServerCall) -> None:
