@@ -33,8 +33,6 @@ EOF = grpc.aio.EOF
 WRITE_BUFFER = 64 * 1024
 # How long an unknown method's status waits for the client's first message.
 UNIMPLEMENTED_WAIT = 1.0
-# Send a stream WINDOW_UPDATE once this much of its receive window is consumed.
-STREAM_WINDOW_REFILL = 512 * 1024
 
 
 class _Details:
@@ -75,8 +73,10 @@ class ServerCall:
         "_encoding",
         "_inbox",
         "_metadata",
+        "_one_request",
         "_rbuf",
         "_reader",
+        "_requests_seen",
         "_serializer",
         "conn",
         "ended",
@@ -122,6 +122,8 @@ class ServerCall:
         self._details = ""
         self._serializer: Callable[[Any], bytes] | None = None
         self._deserializer: Callable[[bytes], Any] | None = None
+        self._one_request = False  # known once the handler is: a unary request
+        self._requests_seen = 0
 
     # ------------------------------------------------------------ ServicerContext
 
@@ -169,8 +171,8 @@ class ServerCall:
             finally:
                 self._reader = None
         message = self._inbox.pop(0)
-        if self.recv_unacked >= STREAM_WINDOW_REFILL:
-            self.conn.refill(self)
+        if self.recv_unacked:
+            self.conn.maybe_refill(self)
         return message if self._deserializer is None else self._deserializer(message)
 
     async def write(self, message: Any) -> None:
@@ -233,7 +235,17 @@ class ServerCall:
         if not rbuf:
             self._rbuf = None
 
+    def unread(self) -> int:
+        """Messages received and not yet read by the handler."""
+        return len(self._inbox) if self._inbox else 0
+
     def _deliver(self, flag: int, message: bytes) -> None:
+        if self._one_request and self._requests_seen:
+            # A unary request has one message: more are dropped, never held (the
+            # window they took is given back at once).
+            self.conn.refill(self)
+            return
+        self._requests_seen += 1
         if flag:
             try:
                 message = _decompress(self._encoding, message)
@@ -328,6 +340,7 @@ class ServerCall:
                 return
             self._serializer = handler.response_serializer
             self._deserializer = handler.request_deserializer
+            self._one_request = not handler.request_streaming
             await self._drive(handler)
             if not self.ended:
                 self.conn.finish(self, self._code or grpc.StatusCode.OK, self._details)

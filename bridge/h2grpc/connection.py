@@ -25,9 +25,14 @@ if TYPE_CHECKING:
 log = structlog.get_logger("meshbridge.grpc")
 
 # What we let a client send before it must wait for a WINDOW_UPDATE: per stream, and
-# for the whole connection (every stream together).
-STREAM_WINDOW = 1 << 20
+# for the whole connection (every stream together). A stream's window is given back
+# as its handler reads (or at once while it keeps up), so what one stream can make
+# the server hold is bounded by its window, whatever the client sends.
+STREAM_WINDOW = 256 * 1024
 CONNECTION_WINDOW = 16 << 20
+# Messages a handler may leave unread before its stream's window stops being given
+# back on receipt.
+INBOX_SLACK = 16
 MAX_HEADER_LIST = 64 * 1024
 # A client resetting more streams than this within RESET_WINDOW seconds is flooding
 # the server with work it throws away ("rapid reset", CVE-2023-44487): its connection
@@ -199,8 +204,8 @@ class Connection(asyncio.Protocol):
             call.received(payload, self.server.max_message_bytes)
         if flags & f.END_STREAM:
             call.remote_end()
-        elif call.recv_unacked >= STREAM_WINDOW // 2 and not call.ended:
-            self.refill(call)
+        elif not call.ended:
+            self.maybe_refill(call)
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
@@ -427,6 +432,12 @@ class Connection(asyncio.Protocol):
             self._emit(f.rst_stream(call.stream_id, f.CANCEL))
             self._forget(call)
         call.reset()
+
+    def maybe_refill(self, call: ServerCall) -> None:
+        """Give a stream's window back once half of it is used, unless its handler is
+        behind: then only as it reads."""
+        if call.recv_unacked >= STREAM_WINDOW // 2 and call.unread() <= INBOX_SLACK:
+            self.refill(call)
 
     def refill(self, call: ServerCall) -> None:
         """The handler consumed what the client sent: let it send as much again."""

@@ -19,7 +19,7 @@ import h2.events
 import h2.settings
 import pytest
 
-from bridge.h2grpc.connection import RESET_BUDGET
+from bridge.h2grpc.connection import INBOX_SLACK, RESET_BUDGET, STREAM_WINDOW
 from bridge.h2grpc.server import Server
 from tests.polling import eventually
 
@@ -59,6 +59,13 @@ class Handlers:
         while (message := await context.read()) is not grpc.aio.EOF:
             await context.write(b"ack:" + message)
 
+    async def stall(self, _requests: Any, context: Any) -> None:
+        await self.release.wait()  # reads nothing until released, then everything
+        count = 0
+        while await context.read() is not grpc.aio.EOF:
+            count += 1
+        await context.write(str(count).encode())
+
     async def generator(self, request: bytes, _context: Any) -> AsyncIterator[bytes]:
         for i in range(int(request)):
             yield str(i).encode()
@@ -69,6 +76,7 @@ class Handlers:
             "Hold": grpc.unary_stream_rpc_method_handler(self.hold),
             "Bidi": grpc.stream_stream_rpc_method_handler(self.bidi),
             "Count": grpc.unary_stream_rpc_method_handler(self.generator),
+            "Stall": grpc.stream_stream_rpc_method_handler(self.stall),
         })
 
 
@@ -430,3 +438,68 @@ async def test_a_client_resetting_streams_in_a_flood_is_cut_off_alone(
     async with grpc.aio.insecure_channel(address) as ch:  # everyone else is served
         assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"calm", timeout=5) == b"echo:calm"
     await flood.close()
+
+
+def _server_call(server: Server, stream_id: int) -> Any:
+    (conn,) = server.connections
+    return conn.calls[stream_id]
+
+
+async def test_a_handler_that_does_not_read_holds_back_its_client_not_the_servers_memory(
+        served: tuple[Server, Handlers, str]) -> None:
+    server, handlers, address = served
+    c = await RawClient.connect(address)
+    await c.until(lambda e: isinstance(e, h2.events.RemoteSettingsChanged))
+    sid = c.request("Stall")
+    message = _frame(b"m" * 10_000)
+    sent = 0
+    for _ in range(20):  # send all the window allows, until it stops coming back
+        while c.conn.local_flow_control_window(sid) >= len(message):
+            c.conn.send_data(sid, message)
+            sent += 1
+        # A PING answered means every frame before it was handled: a window given
+        # back for those messages has arrived before the answer.
+        c.conn.ping(b"barrier!")
+        c.send()
+        await c.until(lambda e: isinstance(e, h2.events.PingAckReceived))
+        if c.conn.local_flow_control_window(sid) < len(message):
+            break
+    assert c.conn.local_flow_control_window(sid) < len(message)  # the client must wait
+    held = _server_call(server, sid).unread()
+    assert held == sent
+    assert held * len(message) <= STREAM_WINDOW + (INBOX_SLACK + 1) * len(message)
+    handlers.release.set()  # the handler reads: the window comes back
+    while c.conn.local_flow_control_window(sid) < len(message):
+        await c.until(lambda e: isinstance(e, h2.events.WindowUpdated))
+    c.conn.send_data(sid, message, end_stream=True)
+    c.send()
+    body, trailers = await c.response(sid)
+    assert (body, trailers["grpc-status"]) == (_frame(str(sent + 1).encode()), "0")
+    await c.close()
+
+
+async def test_messages_after_a_unary_request_are_dropped_not_held(
+        served: tuple[Server, Handlers, str]) -> None:
+    server, handlers, address = served
+    c = await RawClient.connect(address)
+    await c.until(lambda e: isinstance(e, h2.events.RemoteSettingsChanged))
+    sid = c.request("Hold")
+    c.conn.send_data(sid, _frame(b""))
+    c.send()
+    await c.until(lambda e: isinstance(e, h2.events.DataReceived))  # b"first"
+    junk = _frame(b"j" * 10_000)
+    for _ in range(2 * STREAM_WINDOW // len(junk)):  # twice the window: it must come back
+        while c.conn.local_flow_control_window(sid) < len(junk):
+            await c.until(lambda e: isinstance(e, h2.events.WindowUpdated))
+        c.conn.send_data(sid, junk)
+        c.send()
+    c.conn.ping(b"barrier!")
+    c.send()
+    await c.until(lambda e: isinstance(e, h2.events.PingAckReceived))
+    assert _server_call(server, sid).unread() == 0
+    handlers.release.set()
+    c.conn.end_stream(sid)
+    c.send()
+    body, trailers = await c.response(sid)
+    assert (body, trailers["grpc-status"]) == (_frame(b"last"), "0")
+    await c.close()
