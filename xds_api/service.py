@@ -236,6 +236,8 @@ def decode(message: Any, raw: bytes, metrics: XdsMetrics) -> Any:
 
 # How long a shutting-down stream waits for its write in progress to finish.
 SHUTDOWN_WRITE_GRACE = 2.0
+# How long a shutting-down stream waits for the client to answer its last response.
+SHUTDOWN_ANSWER_GRACE = 0.5
 
 
 class StreamRunner:
@@ -304,10 +306,18 @@ class StreamRunner:
                 self._task.cancel()
 
     def end(self) -> None:
-        """Server shutdown: end the stream with OK so the client reconnects."""
+        """Server shutdown: end the stream with OK so the client reconnects. A client
+        still to answer a response is given a moment to: its ACK would otherwise be
+        written into a stream that has just ended, which some clients (grpc.aio's)
+        report as an error instead of the OK they were sent."""
         self._ending = True
-        if self._task is not None:
-            self._task.cancel()
+        task = self._task
+        if task is None:
+            return
+        if self.stream.awaiting_answer() and not self._cut_off:
+            asyncio.get_running_loop().call_later(SHUTDOWN_ANSWER_GRACE, task.cancel)
+        else:
+            task.cancel()
 
     def cut_off(self) -> bool:
         """End a stream whose client stopped reading; False if already done."""
@@ -328,6 +338,8 @@ class StreamRunner:
                 if raw is grpc.aio.EOF:
                     return
                 handle(decode(message, raw, metrics))
+                if self._ending and not self.stream.awaiting_answer():
+                    return  # shutting down, and the client has answered everything
         except StreamError as e:
             log.info("xds stream refused", node=self.stream.node_id, peer=self.stream.peer,
                      reason=str(e))

@@ -120,6 +120,10 @@ class XdsStream:
         """Apply one decoded request; raises StreamError if it breaks the protocol."""
         raise NotImplementedError
 
+    def awaiting_answer(self) -> bool:
+        """A response was sent that the client has not yet ACKed or NACKed."""
+        return any(sub.nonce and sub.answered != sub.nonce for sub in self.subs.values())
+
     def take_responses(self) -> list[bytes]:
         """The encoded responses due now, in CDS, EDS, LDS, RDS order (§1.9)."""
         out: list[bytes] = []
@@ -315,6 +319,7 @@ class SotwStream(XdsStream):
             self.metrics.stale[t].inc()
             return
         if req.response_nonce and sub.nonce:
+            sub.answered = req.response_nonce
             if not nack:
                 sub.acked_version = req.version_info
                 sub.acks += 1
@@ -388,6 +393,7 @@ class DeltaStream(XdsStream):
         unsubscribe = list(dict.fromkeys(req.resource_names_unsubscribe))
         self._check_size(len(sub.names) + len(subscribe), t)
         if req.response_nonce and req.response_nonce == sub.nonce:
+            sub.answered = req.response_nonce
             if req.HasField("error_detail"):
                 self._log_nack(sub, req.response_nonce, "", req.error_detail.code,
                                req.error_detail.message)

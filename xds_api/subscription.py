@@ -53,6 +53,9 @@ class Subscription:
     # §1.3: the nonce of the last response of this type. In SotW a request that
     # carries an older one is stale and ignored; in delta it is only used for ACKs.
     nonce: str = ""
+    # The nonce of the last response the client answered (ACK or NACK): a response
+    # is still unanswered while this differs from `nonce`.
+    answered: str = ""
     # Debugging and metrics: what was last sent, acknowledged and rejected.
     version_sent: str = ""
     acked_version: str = ""

@@ -218,3 +218,12 @@ def test_adding_the_wildcard_and_dropping_a_name_at_once_answers_under_the_wildc
     client.request(LDS, ["*"], [WEB])
     # `*` covers no listener, so the one it dropped is removed.
     assert list(client.one(LDS).removed_resources) == [WEB]
+
+
+def test_a_delta_response_is_awaiting_its_answer_until_acked() -> None:
+    client = World().delta()
+    client.request(EDS, [name("web")])
+    client.responses()
+    assert client.stream.awaiting_answer()
+    client.ack(EDS)
+    assert not client.stream.awaiting_answer()

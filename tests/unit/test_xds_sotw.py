@@ -379,3 +379,19 @@ def test_a_cluster_first_sent_under_the_wildcard_is_sent_again_when_named() -> N
     assert client.names(CDS) == [API]
     client.ack(CDS, [API])
     assert client.responses() == []
+
+
+def test_a_response_is_awaiting_its_answer_until_acked_or_nacked() -> None:
+    # What shutdown waits for before it ends a stream (xds_api/service.py).
+    client = World().sotw()
+    assert not client.stream.awaiting_answer()
+    client.request(EDS, [WEB])
+    client.responses()
+    assert client.stream.awaiting_answer()
+    client.ack(EDS, [WEB])
+    assert not client.stream.awaiting_answer()
+    client.request(EDS, [WEB, API])  # a new name: a new response
+    client.responses()
+    assert client.stream.awaiting_answer()
+    client.request(EDS, [WEB, API], error="rejected")
+    assert not client.stream.awaiting_answer()  # a NACK answers it too
