@@ -529,6 +529,14 @@ class Connection(asyncio.Protocol):
         if not self.calls:
             self._close()
 
+    def abandon(self) -> None:
+        """Shutdown is over: reset what is left (a stream whose client never read its
+        end, say) and close."""
+        self.going_away = True
+        for call in list(self.calls.values()):
+            self.reset(call)
+        self._close()
+
     def _close(self) -> None:
         """Close after what is queued is written. Without TLS our side is shut first
         and the client's last frames are read and dropped until it closes: closing a

@@ -73,7 +73,7 @@ class Server:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=1.0)
         for conn in list(self.connections):
-            conn.go_away()
+            conn.abandon()  # streams whose end a client never read
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)

@@ -503,3 +503,25 @@ async def test_messages_after_a_unary_request_are_dropped_not_held(
     body, trailers = await c.response(sid)
     assert (body, trailers["grpc-status"]) == (_frame(b"last"), "0")
     await c.close()
+
+
+async def test_stop_does_not_wait_forever_for_a_client_that_never_reads(
+        served: tuple[Server, Handlers, str]) -> None:
+    server, _, address = served
+    stalled = await RawClient.connect(
+        address, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 10})
+    await stalled.until(lambda e: isinstance(e, h2.events.SettingsAcknowledged))
+    sid = stalled.request("Unary")
+    # Small enough for the handler's write to complete: the handler is done, and its
+    # response and status wait behind a window that never opens.
+    stalled.conn.send_data(sid, _frame(b"big:50000"), end_stream=True)
+    stalled.send()
+    await stalled.until(lambda e: isinstance(e, h2.events.DataReceived), ack_data=False)
+    await eventually(lambda: not server._tasks, 5, lambda: "the handler did not finish")
+    await asyncio.wait_for(server.stop(0.2), 5)
+    assert not server.connections or all(c.closed for c in server.connections)
+    # The server ends the connection: what it still sends (GOAWAY, the stream's reset)
+    # is followed by the end of the byte stream.
+    while await asyncio.wait_for(stalled.reader.read(1 << 16), 10):
+        pass
+    await stalled.close()
