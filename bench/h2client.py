@@ -24,6 +24,8 @@ from bridge.h2grpc import frames as f
 # Our receive windows: as large as HTTP/2 allows, so the server is never held back.
 _WINDOW = f.MAX_WINDOW
 _REFILL = 1 << 30
+# Any frame length HTTP/2 can express (we never hold the server to the default).
+_MAX_FRAME = 2**24 - 1
 
 OnMessage = Callable[[int, bytes], None]
 OnEnd = Callable[[int, str], None]
@@ -81,16 +83,9 @@ class LeanConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self._buf
         buf += data
-        offset, size = 0, len(buf)
-        while size - offset >= 9:
-            length = (buf[offset] << 16) | (buf[offset + 1] << 8) | buf[offset + 2]
-            end = offset + 9 + length
-            if end > size:
-                break
-            kind, flags = buf[offset + 3], buf[offset + 4]
-            sid = int.from_bytes(buf[offset + 5:offset + 9], "big") & 0x7FFFFFFF
-            payload = bytes(buf[offset + 9:end])
-            offset = end
+        consumed = 0
+        for frame in f.frames_in(buf, _MAX_FRAME):
+            kind, flags, sid, payload, consumed = frame
             if kind == f.DATA:
                 self._on_data(sid, flags, payload)
             elif kind == f.HEADERS:
@@ -103,9 +98,8 @@ class LeanConnection(asyncio.Protocol):
                 self._on_window_update(sid, payload)
             elif kind == f.RST_STREAM:
                 self._ended(sid, "RST_STREAM")
-            elif kind == f.GOAWAY:
-                pass  # open streams run to their end; nothing new is opened here
-        del buf[:offset]
+            # GOAWAY: open streams run to their end; nothing new is opened here.
+        del buf[:consumed]
         if self._received >= _REFILL:
             self._emit(f.window_update(0, self._received))
             self._received = 0

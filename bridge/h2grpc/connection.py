@@ -152,41 +152,40 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------ reading frames
 
     def _read_frames(self, buf: bytearray) -> None:
-        offset, size = 0, len(buf)
-        max_frame = f.DEFAULT_MAX_FRAME  # what we accept (we never raise it)
-        while size - offset >= 9 and not self.closed:
-            length = (buf[offset] << 16) | (buf[offset + 1] << 8) | buf[offset + 2]
-            if length > max_frame:
-                raise ConnectionError_(f.FRAME_SIZE_ERROR, f"frame of {length} bytes")
-            end = offset + 9 + length
-            if end > size:
-                break
-            kind, flags = buf[offset + 3], buf[offset + 4]
-            stream_id = int.from_bytes(buf[offset + 5:offset + 9], "big") & 0x7FFFFFFF
-            payload = bytes(buf[offset + 9:end])
-            offset = end
-            if self._continuation is not None and kind != f.CONTINUATION:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "expected CONTINUATION")
-            if kind == f.DATA:
-                self._on_data(flags, stream_id, payload)
-            elif kind == f.HEADERS:
-                self._on_headers(flags, stream_id, payload)
-            elif kind == f.WINDOW_UPDATE:
-                self._on_window_update(stream_id, payload)
-            elif kind == f.CONTINUATION:
-                self._on_continuation(flags, stream_id, payload)
-            elif kind == f.RST_STREAM:
-                self._on_rst_stream(stream_id, payload)
-            elif kind == f.SETTINGS:
-                self._on_settings(flags, stream_id, payload)
-            elif kind == f.PING:
-                self._on_ping(flags, stream_id, payload)
-            elif kind == f.GOAWAY:
-                self.going_away = True
-            elif kind == f.PUSH_PROMISE:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-            # PRIORITY and unknown frame types are ignored (§5.5, §6.3).
-        del buf[:offset]
+        consumed = 0
+        try:
+            # What we accept is the default frame size: we never raise it.
+            for frame in f.frames_in(buf, f.DEFAULT_MAX_FRAME):
+                kind, flags, stream_id, payload, consumed = frame
+                self._on_frame(kind, flags, stream_id, payload)
+                if self.closed:
+                    break
+        except f.FrameSizeError as e:
+            raise ConnectionError_(f.FRAME_SIZE_ERROR, str(e)) from None
+        del buf[:consumed]
+
+    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuation is not None and kind != f.CONTINUATION:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "expected CONTINUATION")
+        if kind == f.DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == f.HEADERS:
+            self._on_headers(flags, stream_id, payload)
+        elif kind == f.WINDOW_UPDATE:
+            self._on_window_update(stream_id, payload)
+        elif kind == f.CONTINUATION:
+            self._on_continuation(flags, stream_id, payload)
+        elif kind == f.RST_STREAM:
+            self._on_rst_stream(stream_id, payload)
+        elif kind == f.SETTINGS:
+            self._on_settings(flags, stream_id, payload)
+        elif kind == f.PING:
+            self._on_ping(flags, stream_id, payload)
+        elif kind == f.GOAWAY:
+            self.going_away = True
+        elif kind == f.PUSH_PROMISE:
+            raise ConnectionError_(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+        # PRIORITY and unknown frame types are ignored (§5.5, §6.3).
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:

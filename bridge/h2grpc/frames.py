@@ -9,6 +9,7 @@ the `hpack` package (the client may use the dynamic table and Huffman coding).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -59,6 +60,26 @@ MAX_WINDOW = 2**31 - 1
 _HEADER = struct.Struct(">BHBBI")
 # gRPC's message prefix: compressed flag, length.
 GRPC_PREFIX = struct.Struct(">BI")
+
+
+class FrameSizeError(Exception):
+    """A frame longer than the reader accepts (§4.2)."""
+
+
+def frames_in(buf: bytearray, max_length: int) -> Iterator[tuple[int, int, int, bytes, int]]:
+    """The complete frames at the start of `buf`, in order, as (type, flags, stream id,
+    payload, offset just past the frame); the caller removes what it has consumed."""
+    offset, size = 0, len(buf)
+    while size - offset >= 9:
+        length = (buf[offset] << 16) | (buf[offset + 1] << 8) | buf[offset + 2]
+        if length > max_length:
+            raise FrameSizeError(f"frame of {length} bytes")
+        end = offset + 9 + length
+        if end > size:
+            return
+        stream_id = int.from_bytes(buf[offset + 5:offset + 9], "big") & 0x7FFFFFFF
+        yield buf[offset + 3], buf[offset + 4], stream_id, bytes(buf[offset + 9:end]), end
+        offset = end
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
