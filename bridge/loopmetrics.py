@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -43,17 +44,34 @@ class HistogramChild:
         self.counts[bisect.bisect_left(self._bounds, value)] += 1
 
 
-class _Family(Collector):
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
-                 registry: prometheus_client.CollectorRegistry | None) -> None:
+Child = TypeVar("Child", CountChild, HistogramChild)
+
+
+class _Family(Collector, Generic[Child]):
+    """A metric family: its children by label values, and how it is exposed."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (),
+                 registry: prometheus_client.CollectorRegistry | None = None) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], Child] = {}
         if registry is not None:
             registry.register(self)
 
+    def labels(self, *values: str) -> Child:
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}")
+            child = self._children[values] = self._new_child()
+        return child
+
     def describe(self) -> list[Metric]:
         return [self._family()]
+
+    def _new_child(self) -> Child:
+        raise NotImplementedError
 
     def _family(self) -> Metric:
         raise NotImplementedError
@@ -62,19 +80,9 @@ class _Family(Collector):
         raise NotImplementedError
 
 
-class LoopCounter(_Family):
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (),
-                 registry: prometheus_client.CollectorRegistry | None = None) -> None:
-        self._children: dict[tuple[str, ...], CountChild] = {}
-        super().__init__(name, documentation, labelnames, registry)
-
-    def labels(self, *values: str) -> CountChild:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}")
-            child = self._children[values] = CountChild()
-        return child
+class LoopCounter(_Family[CountChild]):
+    def _new_child(self) -> CountChild:
+        return CountChild()
 
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -86,22 +94,16 @@ class LoopCounter(_Family):
         yield family
 
 
-class LoopHistogram(_Family):
+class LoopHistogram(_Family[HistogramChild]):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (),
                  registry: prometheus_client.CollectorRegistry | None = None,
                  buckets: Sequence[float] = prometheus_client.Histogram.DEFAULT_BUCKETS,
                  ) -> None:
         self.bounds = tuple(sorted(b for b in buckets if not math.isinf(b)))
-        self._children: dict[tuple[str, ...], HistogramChild] = {}
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str) -> HistogramChild:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}")
-            child = self._children[values] = HistogramChild(self.bounds)
-        return child
+    def _new_child(self) -> HistogramChild:
+        return HistogramChild(self.bounds)
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
