@@ -28,6 +28,8 @@ import time
 from typing import Any
 
 import grpc
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 
 from bench.common import (
     Child,
@@ -41,7 +43,9 @@ from bench.common import (
     row,
     serving_layers,
 )
+from bench.h2client import LeanConnection
 from bridge import gctune
+from linkerd_api.proto import destination_pb2
 
 TARGET_S = 5.0
 TARGET_CLIENTS = 5000
@@ -76,6 +80,17 @@ async def run_client(args: argparse.Namespace) -> int:
         else:
             await one_round(args, mine, states, t0)
     return 0
+
+
+def report_round(done_at: list[float], clients: int, t0: float, cpu0: float,
+                 pauses: GcPauses) -> None:
+    """This process's figures for one round: when its clients were done, its CPU, its
+    GC pauses."""
+    out_line(complete=len(done_at), clients=clients,
+             last=max(done_at) - t0 if done_at else None,
+             first=min(done_at) - t0 if done_at else None,
+             median=statistics.median(done_at) - t0 if done_at else None,
+             cpu_s=cpu_seconds() - cpu0, gc=pauses.figures())
 
 
 async def one_round(args: argparse.Namespace, mine: list[int], states: Any,
@@ -113,11 +128,7 @@ async def one_round(args: argparse.Namespace, mine: list[int], states: Any,
     with GcPauses() as pauses:
         waiters = [asyncio.create_task(follow(i)) for i in mine]
         _, pending = await asyncio.wait(waiters, timeout=args.timeout)
-    out_line(complete=len(done_at), clients=len(mine),
-             last=max(done_at) - t0 if done_at else None,
-             first=min(done_at) - t0 if done_at else None,
-             median=statistics.median(done_at) - t0 if done_at else None,
-             cpu_s=cpu_seconds() - cpu0, gc=pauses.figures())
+    report_round(done_at, len(mine), t0, cpu0, pauses)
     for w in pending:
         w.cancel()
     for c in clients:
@@ -152,11 +163,6 @@ class LeanClient:
         self.finished = False
 
     async def start(self, host: str, port: int) -> None:
-        from envoy.service.discovery.v3 import discovery_pb2
-
-        from bench.h2client import LeanConnection
-        from linkerd_api.proto import destination_pb2
-
         self.conn = await LeanConnection.connect(host, port, self.on_message, self.on_end)
         if self.model == "linkerd":
             for t in self.targets:
@@ -175,11 +181,6 @@ class LeanClient:
                        first.SerializeToString())
 
     def on_message(self, sid: int, raw: bytes) -> None:
-        from envoy.config.endpoint.v3 import endpoint_pb2
-        from envoy.service.discovery.v3 import discovery_pb2
-
-        from linkerd_api.proto import destination_pb2
-
         if self.model == "linkerd":
             update = destination_pb2.Update.FromString(raw)
             held = self.held[self.by_stream[sid]]
@@ -240,11 +241,7 @@ async def one_round_lean(args: argparse.Namespace, mine: list[int], t0: float) -
         starts = [asyncio.create_task(c.start(host, int(port))) for c in clients]
         with contextlib.suppress(TimeoutError):  # reported as incomplete
             await asyncio.wait_for(all_done.wait(), args.timeout)
-    out_line(complete=len(done_at), clients=len(mine),
-             last=max(done_at) - t0 if done_at else None,
-             first=min(done_at) - t0 if done_at else None,
-             median=statistics.median(done_at) - t0 if done_at else None,
-             cpu_s=cpu_seconds() - cpu0, gc=pauses.figures())
+    report_round(done_at, len(mine), t0, cpu0, pauses)
     for t in starts:
         t.cancel()
     for c in clients:

@@ -70,6 +70,36 @@ TARGET = "svc-0.ns-0.svc.cluster.local:8080"
 # ---------------------------------------------------------------------- the client
 
 
+class Arrivals:
+    """What a client process reports. A stream's first message (its snapshot) counts
+    it as open; message n >= 1 of every stream belongs to run n, which is reported
+    (first and last arrival) once every stream has it."""
+
+    def __init__(self, streams: int) -> None:
+        self.streams = streams
+        self.goal = 0
+        self.opened = 0
+        self.ready = asyncio.Event()  # `goal` streams are open
+        self._received: dict[int, int] = {}
+        self._first_at: dict[int, float] = {}
+
+    def expect(self, goal: int) -> None:
+        self.goal = goal
+        self.ready.clear()
+
+    def got(self, n: int, now: float) -> None:
+        if n == 0:
+            self.opened += 1
+            if self.opened >= self.goal:
+                self.ready.set()
+            return
+        count = self._received[n] = self._received.get(n, 0) + 1
+        if count == 1:
+            self._first_at[n] = now
+        if count == self.streams:
+            out_line(run=n, first=self._first_at[n], last=now)
+
+
 async def run_client(args: argparse.Namespace) -> int:
     from envoy.service.discovery.v3 import discovery_pb2
 
@@ -79,24 +109,8 @@ async def run_client(args: argparse.Namespace) -> int:
                ("grpc.max_receive_message_length", 64 << 20)]
     channels = [grpc.aio.insecure_channel(args.server, options=options)
                 for _ in range(args.channels)]
-    received: dict[int, int] = {}
-    first_at: dict[int, float] = {}
-    opened = 0
-    ready = asyncio.Event()
-    goal = 0
-
-    def got(n: int, now: float) -> None:
-        nonlocal opened
-        if n == 0:
-            opened += 1
-            if opened >= goal:
-                ready.set()
-            return
-        count = received[n] = received.get(n, 0) + 1
-        if count == 1:
-            first_at[n] = now
-        if count == args.streams:
-            out_line(run=n, first=first_at[n], last=now)
+    arrivals = Arrivals(args.streams)
+    got = arrivals.got
 
     get_request = destination_pb2.GetDestination(scheme="k8s", path=TARGET).SerializeToString()
 
@@ -140,9 +154,9 @@ async def run_client(args: argparse.Namespace) -> int:
     follow = {"get": linkerd, "sotw": sotw, "delta": delta}[args.protocol]
     tasks: list[asyncio.Task[None]] = []
     for goal in (args.first_phase, args.streams):
-        ready.clear()
+        arrivals.expect(goal)
         tasks.extend(asyncio.create_task(follow(i)) for i in range(len(tasks), goal))
-        await asyncio.wait_for(ready.wait(), 300)
+        await asyncio.wait_for(arrivals.ready.wait(), 300)
         out_line(ready=goal)
     reader = await commands()
     await reader.read()  # until the parent closes stdin
@@ -163,25 +177,9 @@ async def run_lean_client(args: argparse.Namespace) -> int:
     from linkerd_api.proto import destination_pb2
 
     host, port = args.server.rsplit(":", 1)
-    received: dict[int, int] = {}
-    first_at: dict[int, float] = {}
     seen: dict[tuple[int, int], int] = {}  # (connection, stream) -> messages so far
-    opened = 0
-    ready = asyncio.Event()
-    goal = 0
-
-    def got(n: int, now: float) -> None:
-        nonlocal opened
-        if n == 0:
-            opened += 1
-            if opened >= goal:
-                ready.set()
-            return
-        count = received[n] = received.get(n, 0) + 1
-        if count == 1:
-            first_at[n] = now
-        if count == args.streams:
-            out_line(run=n, first=first_at[n], last=now)
+    arrivals = Arrivals(args.streams)
+    got = arrivals.got
 
     SotwResponse = discovery_pb2.DiscoveryResponse
     DeltaResponse = discovery_pb2.DeltaDiscoveryResponse
@@ -230,11 +228,11 @@ async def run_lean_client(args: argparse.Namespace) -> int:
     path = {"get": GET, "sotw": ADS_SOTW, "delta": ADS_DELTA}[args.protocol]
     started = 0
     for goal in (args.first_phase, args.streams):
-        ready.clear()
+        arrivals.expect(goal)
         for i in range(started, goal):
             conns[i % len(conns)].open(path, first_request(i), end_stream=args.protocol == "get")
         started = goal
-        await asyncio.wait_for(ready.wait(), 300)
+        await asyncio.wait_for(arrivals.ready.wait(), 300)
         out_line(ready=goal)
     reader = await commands()
     await reader.read()  # until the parent closes stdin
