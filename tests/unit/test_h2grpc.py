@@ -233,10 +233,15 @@ class RawClient:
         self.send()
 
     @classmethod
-    async def connect(cls, address: str, **kw: Any) -> RawClient:
+    async def connect(cls, address: str, settings: dict[int, int] | None = None,
+                      ) -> RawClient:
+        """Connected; with `settings`, once the server has acknowledged them."""
         host, port = address.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
-        return cls(reader, writer, **kw)
+        client = cls(reader, writer, settings)
+        if settings:
+            await client.until(lambda e: isinstance(e, h2.events.SettingsAcknowledged))
+        return client
 
     def send(self) -> None:
         self.writer.write(self.conn.data_to_send())
@@ -250,6 +255,20 @@ class RawClient:
             *extra], end_stream=end)
         self.send()
         return sid
+
+    def call(self, method: str, data: bytes, extra: tuple[tuple[str, str], ...] = ()) -> int:
+        """A stream with one request (`data`, framed) and its end."""
+        sid = self.request(method, extra=extra)
+        self.conn.send_data(sid, data, end_stream=True)
+        self.send()
+        return sid
+
+    async def barrier(self) -> None:
+        """Until the server has handled every frame sent so far (a PING answered: what
+        it sent in reply to earlier frames has arrived before the answer)."""
+        self.conn.ping(b"barrier!")
+        self.send()
+        await self.until(lambda e: isinstance(e, h2.events.PingAckReceived))
 
     async def until(self, want: Callable[[h2.events.Event], bool],
                     ack_data: bool = True) -> Any:
@@ -316,9 +335,7 @@ async def test_padding_continuation_and_split_messages_are_read(
     assert trailers["grpc-status"] == "0"
     assert body == _frame(b"echo:split across frames")
     # Two messages in one DATA frame, on a bidirectional stream.
-    sid = c.request("Bidi")
-    c.conn.send_data(sid, _frame(b"one") + _frame(b"two"), end_stream=True)
-    c.send()
+    sid = c.call("Bidi", _frame(b"one") + _frame(b"two"))
     body, trailers = await c.response(sid)
     assert trailers["grpc-status"] == "0"
     assert body == _frame(b"ack:one") + _frame(b"ack:two")
@@ -328,9 +345,8 @@ async def test_padding_continuation_and_split_messages_are_read(
 async def test_a_compressed_request_is_decompressed(served: tuple[Server, Handlers, str]) -> None:
     _, _, address = served
     c = await RawClient.connect(address)
-    sid = c.request("Unary", extra=(("grpc-encoding", "gzip"),))
-    c.conn.send_data(sid, _frame(gzip.compress(b"zipped"), compressed=True), end_stream=True)
-    c.send()
+    sid = c.call("Unary", _frame(gzip.compress(b"zipped"), compressed=True),
+                 extra=(("grpc-encoding", "gzip"),))
     body, trailers = await c.response(sid)
     assert (body, trailers["grpc-status"]) == (_frame(b"echo:zipped"), "0")
     await c.close()
@@ -341,10 +357,7 @@ async def test_the_servers_sends_respect_a_tiny_window(
     _, _, address = served
     c = await RawClient.connect(
         address, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1000})
-    await c.until(lambda e: isinstance(e, h2.events.SettingsAcknowledged))
-    sid = c.request("Unary")
-    c.conn.send_data(sid, _frame(b"big:50000"), end_stream=True)
-    c.send()
+    sid = c.call("Unary", _frame(b"big:50000"))
     body, trailers = await c.response(sid)  # h2 raises if a frame overruns the window
     assert trailers["grpc-status"] == "0"
     assert body == _frame(b"x" * 50000)
@@ -356,10 +369,7 @@ async def test_a_reader_that_never_grants_window_holds_back_only_its_stream(
     _, _, address = served
     stalled = await RawClient.connect(
         address, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 10})
-    await stalled.until(lambda e: isinstance(e, h2.events.SettingsAcknowledged))
-    sid = stalled.request("Unary")
-    stalled.conn.send_data(sid, _frame(b"big:100000"), end_stream=True)
-    stalled.send()
+    stalled.call("Unary", _frame(b"big:100000"))
     first = await stalled.until(lambda e: isinstance(e, h2.events.DataReceived), ack_data=False)
     assert len(first.data) == 10  # exactly the window, then nothing
     async with grpc.aio.insecure_channel(address) as ch:
@@ -371,16 +381,12 @@ async def test_a_reset_stream_cancels_its_handler_and_leaves_the_connection_usab
         served: tuple[Server, Handlers, str]) -> None:
     _server, handlers, address = served
     c = await RawClient.connect(address)
-    sid = c.request("Hold")
-    c.conn.send_data(sid, _frame(b""), end_stream=True)
-    c.send()
+    sid = c.call("Hold", _frame(b""))
     await c.until(lambda e: isinstance(e, h2.events.DataReceived))
     c.conn.reset_stream(sid)
     c.send()
     await asyncio.wait_for(handlers.cancelled.wait(), 5)
-    sid = c.request("Unary")
-    c.conn.send_data(sid, _frame(b"still here"), end_stream=True)
-    c.send()
+    sid = c.call("Unary", _frame(b"still here"))
     body, _ = await c.response(sid)
     assert body == _frame(b"echo:still here")
     await c.close()
@@ -457,11 +463,7 @@ async def test_a_handler_that_does_not_read_holds_back_its_client_not_the_server
         while c.conn.local_flow_control_window(sid) >= len(message):
             c.conn.send_data(sid, message)
             sent += 1
-        # A PING answered means every frame before it was handled: a window given
-        # back for those messages has arrived before the answer.
-        c.conn.ping(b"barrier!")
-        c.send()
-        await c.until(lambda e: isinstance(e, h2.events.PingAckReceived))
+        await c.barrier()  # a window given back for those messages has arrived
         if c.conn.local_flow_control_window(sid) < len(message):
             break
     assert c.conn.local_flow_control_window(sid) < len(message)  # the client must wait
@@ -493,9 +495,7 @@ async def test_messages_after_a_unary_request_are_dropped_not_held(
             await c.until(lambda e: isinstance(e, h2.events.WindowUpdated))
         c.conn.send_data(sid, junk)
         c.send()
-    c.conn.ping(b"barrier!")
-    c.send()
-    await c.until(lambda e: isinstance(e, h2.events.PingAckReceived))
+    await c.barrier()
     assert _server_call(server, sid).unread() == 0
     handlers.release.set()
     c.conn.end_stream(sid)
@@ -510,12 +510,9 @@ async def test_stop_does_not_wait_forever_for_a_client_that_never_reads(
     server, _, address = served
     stalled = await RawClient.connect(
         address, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 10})
-    await stalled.until(lambda e: isinstance(e, h2.events.SettingsAcknowledged))
-    sid = stalled.request("Unary")
     # Small enough for the handler's write to complete: the handler is done, and its
     # response and status wait behind a window that never opens.
-    stalled.conn.send_data(sid, _frame(b"big:50000"), end_stream=True)
-    stalled.send()
+    stalled.call("Unary", _frame(b"big:50000"))
     await stalled.until(lambda e: isinstance(e, h2.events.DataReceived), ack_data=False)
     await eventually(lambda: not server._tasks, 5, lambda: "the handler did not finish")
     await asyncio.wait_for(server.stop(0.2), 5)
