@@ -176,22 +176,26 @@ class ServerCall:
         return message if self._deserializer is None else self._deserializer(message)
 
     async def write(self, message: Any) -> None:
-        if self.ended:
-            raise grpc.aio.UsageError("write on an RPC that has ended")
-        data = message if self._serializer is None else self._serializer(message)
-        self.conn.send_message(self, GRPC_PREFIX.pack(0, len(data)) + data)
-        if self.pending_bytes > WRITE_BUFFER or self.conn.paused:
+        self._send(message if self._serializer is None else self._serializer(message))
+        if self._held_back():
             await self._wait_drained()
 
     def write_nowait(self, message: bytes) -> bool:
         """Queue a serialized message now, without a task switch, if the stream can take
         it without waiting; False (nothing queued) when the caller must `await write`."""
+        if self._held_back() and not self.ended:
+            return False
+        self._send(message)
+        return True
+
+    def _send(self, data: bytes) -> None:
         if self.ended:
             raise grpc.aio.UsageError("write on an RPC that has ended")
-        if self.pending_bytes > WRITE_BUFFER or self.conn.paused:
-            return False
-        self.conn.send_message(self, GRPC_PREFIX.pack(0, len(message)) + message)
-        return True
+        self.conn.send_message(self, GRPC_PREFIX.pack(0, len(data)) + data)
+
+    def _held_back(self) -> bool:
+        """A writer must wait: too much is unsent, or the socket is paused."""
+        return self.pending_bytes > WRITE_BUFFER or self.conn.paused
 
     async def abort(self, code: grpc.StatusCode, details: str = "",
                     trailing_metadata: Any = ()) -> None:
@@ -309,7 +313,7 @@ class ServerCall:
 
     async def _wait_drained(self) -> None:
         """Until the writer may go on: little enough unsent, the socket not paused."""
-        while not self.lost and (self.pending_bytes > WRITE_BUFFER or self.conn.paused):
+        while not self.lost and self._held_back():
             await self._sleep()
 
     async def _wait_trailers_sent(self) -> None:
