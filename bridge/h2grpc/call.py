@@ -149,7 +149,7 @@ class ServerCall:
         return self.ended
 
     def cancelled(self) -> bool:
-        return self.ended and self._code is None
+        return self.lost  # reset by either side (a call that ended with a status was not)
 
     def auth_context(self) -> dict[str, list[bytes]]:
         return self.conn.auth_context

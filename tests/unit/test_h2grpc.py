@@ -36,8 +36,10 @@ class Handlers:
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.release = asyncio.Event()
+        self.unary_context: Any = None  # the last Unary call's context
 
     async def unary(self, request: bytes, context: Any) -> bytes:
+        self.unary_context = context
         if request == b"boom":
             raise RuntimeError("handler broke")
         if request == b"abort":
@@ -522,3 +524,20 @@ async def test_stop_does_not_wait_forever_for_a_client_that_never_reads(
     while await asyncio.wait_for(stalled.reader.read(1 << 16), 10):
         pass
     await stalled.close()
+
+
+async def test_the_context_says_cancelled_only_for_a_reset_call(
+        served: tuple[Server, Handlers, str]) -> None:
+    server, handlers, address = served
+    async with grpc.aio.insecure_channel(address) as ch:
+        assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"x") == b"echo:x"
+        finished = handlers.unary_context
+        assert finished.done() and not finished.cancelled()  # ended with its status
+        call = ch.unary_stream(f"/{SERVICE}/Hold")(b"")
+        assert await call.read() == b"first"
+        (conn,) = server.connections
+        (held,) = conn.calls.values()
+        assert not held.cancelled()
+        call.cancel()
+        await asyncio.wait_for(handlers.cancelled.wait(), 5)
+        assert held.cancelled() and held.done()
