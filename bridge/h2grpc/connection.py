@@ -515,13 +515,14 @@ class Connection(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_scheduled = False
         self._out_bytes = 0
-        if self._out and self.transport is not None:
+        # Nothing is written once closed: _close flushed what was queued before it.
+        if self._out and self.transport is not None and not self.closed:
             self.transport.write(b"".join(self._out))
         self._out.clear()
 
     def go_away(self) -> None:
         """No new streams (GOAWAY, NO_ERROR); close once the open ones are done."""
-        if self.going_away and self.closed:
+        if self.closed:
             return
         self.going_away = True
         self._emit(f.goaway(self.last_stream_id, f.NO_ERROR))
@@ -543,8 +544,8 @@ class Connection(asyncio.Protocol):
         the final statuses before the client has read them."""
         if self.closed:
             return
-        self.closed = True
         self._flush()
+        self.closed = True
         transport = self.transport
         if transport is None:
             return
