@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import hpack
 
-from bridge.h2grpc import frames as f
+from h2grpc import frames as f
 
 # Our receive windows: as large as HTTP/2 allows, so the server is never held back.
 _WINDOW = f.MAX_WINDOW

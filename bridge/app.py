@@ -22,8 +22,8 @@ from bridge import debug
 from bridge.admin import AdminServer, Request, Response
 from bridge.cluster import Cluster
 from bridge.debug import Renderer
-from bridge.h2grpc.server import Server as NativeServer
-from bridge.h2grpc.server import tls_context
+from h2grpc.server import Server as NativeServer
+from h2grpc.server import tls_context
 from bridge.limits import Limits
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.rpcguard import GrpcMetrics, RpcGuard
@@ -41,7 +41,7 @@ class ServeOptions:
     extra: dict[str, object] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     tls: TlsFiles | None = None
-    # "native": meshbridge's own gRPC server (bridge/h2grpc); "grpcio": grpc.aio's.
+    # "native": meshbridge's own gRPC server (h2grpc); "grpcio": grpc.aio's.
     grpc_transport: str = "native"
 
 

@@ -11,7 +11,7 @@ The first byte of an input picks the decoder, the rest is its input:
     3  a manifest file (YAML or JSON), read as the files source reads it, and whatever
        decodes applied to a cluster and served through its Views
     4  bytes from an HTTP/2 client (after its preface) into a connection of the gRPC
-       server (bridge/h2grpc), whose echo handlers then run; the socket is a stand-in
+       server (h2grpc), whose echo handlers then run; the socket is a stand-in
        that keeps what the server writes
 
 Each decoder may refuse its input only with its own domain error (a clear gRPC status,
@@ -36,9 +36,9 @@ with atheris.instrument_imports():
 
     from bridge.authority import AuthorityError
     from bridge.cluster import Cluster, Event, EventType
-    from bridge.h2grpc.connection import Connection
-    from bridge.h2grpc.frames import PREFACE
-    from bridge.h2grpc.server import Server
+    from h2grpc.connection import Connection
+    from h2grpc.frames import PREFACE
+    from h2grpc.server import Server
     from bridge.model import MeshConfig, ViewKey
     from bridge.sources.files import read_manifest_file
     from bridge.views import ViewRegistry

@@ -260,7 +260,7 @@ class StreamRunner:
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._context = context
-        # The native server's synchronous write (bridge/h2grpc); None on grpc.aio's.
+        # The native server's synchronous write (h2grpc); None on grpc.aio's.
         self._nowait: Callable[[bytes], bool] | None = getattr(context, "write_nowait", None)
         self._soon = False  # queued for the service's write_now callback
         self._writer: asyncio.Task[None] | None = None

@@ -1,4 +1,4 @@
-"""bridge/h2grpc against two independent peers: grpcio's own client, and the `h2`
+"""h2grpc against two independent peers: grpcio's own client, and the `h2`
 package as a raw HTTP/2 client for what a gRPC client never does on its own
 (padding, CONTINUATION, tiny windows, resets, bad prefaces)."""
 
@@ -19,8 +19,8 @@ import h2.events
 import h2.settings
 import pytest
 
-from bridge.h2grpc.connection import INBOX_SLACK, RESET_BUDGET, STREAM_WINDOW
-from bridge.h2grpc.server import Server
+from h2grpc.connection import INBOX_SLACK, RESET_BUDGET, STREAM_WINDOW
+from h2grpc.server import Server
 from tests.polling import eventually
 
 SERVICE = "meshbridge.test.Echo"

@@ -20,8 +20,8 @@ from typing import Any
 import grpc
 import structlog
 
-from bridge.h2grpc.call import ServerCall
-from bridge.h2grpc.connection import Connection
+from h2grpc.call import ServerCall
+from h2grpc.connection import Connection
 
 log = structlog.get_logger("meshbridge.grpc")
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
-from bridge.h2grpc.frames import GRPC_PREFIX
+from h2grpc.frames import GRPC_PREFIX
 
 if TYPE_CHECKING:
-    from bridge.h2grpc.connection import Connection
+    from h2grpc.connection import Connection
 
 log = structlog.get_logger("meshbridge.grpc")
 

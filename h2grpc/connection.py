@@ -16,11 +16,11 @@ import grpc
 import hpack
 import structlog
 
-from bridge.h2grpc import frames as f
-from bridge.h2grpc.call import ServerCall
+from h2grpc import frames as f
+from h2grpc.call import ServerCall
 
 if TYPE_CHECKING:
-    from bridge.h2grpc.server import Server
+    from h2grpc.server import Server
 
 log = structlog.get_logger("meshbridge.grpc")
 
