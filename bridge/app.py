@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -22,13 +23,13 @@ from bridge import debug
 from bridge.admin import AdminServer, Request, Response
 from bridge.cluster import Cluster
 from bridge.debug import Renderer
-from h2grpc.server import Server as NativeServer
-from h2grpc.server import tls_context
 from bridge.limits import Limits
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.rpcguard import GrpcMetrics, RpcGuard
 from bridge.sources import Source
 from bridge.streams import StreamRegistry
+from h2grpc.server import Server as NativeServer
+from h2grpc.server import tls_context
 
 log = structlog.get_logger("meshbridge.app")
 
@@ -162,9 +163,9 @@ class App:
                     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
                 ],
             )
-        return NativeServer(interceptors=[self.rpc_guard],
-                            max_concurrent_streams=limits.max_streams_per_connection,
-                            max_message_bytes=limits.max_message_bytes)
+        return NativeServer(interceptors=[self.rpc_guard], limits=dataclasses.replace(
+            limits.h2, max_concurrent_streams=limits.max_streams_per_connection,
+            max_message_bytes=limits.max_message_bytes))
 
     async def wait_synced(self) -> None:
         synced = asyncio.create_task(self.synced.wait())

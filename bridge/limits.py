@@ -15,8 +15,10 @@ know what a name is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from h2grpc.limits import H2Limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,8 @@ class Limits:
     # default hard limit (3000) silently stalls a burst of new streams (thousands of
     # proxies reconnecting at once) well below the stream limits above.
     max_pending_calls: int = 100_000
+    # The native server's HTTP/2 budgets and timeouts (`--h2-*` flags).
+    h2: H2Limits = field(default_factory=H2Limits)
 
     def server_options(self) -> list[tuple[str, Any]]:
         return [

@@ -1,10 +1,11 @@
-"""One gRPC call on a connection: the HTTP/2 stream's state and the handler's context.
+"""One gRPC call on a connection: the handler's context and its messages.
 
-A `ServerCall` is both the stream (send window, unsent data, received messages) and
-the `grpc.aio.ServicerContext` its handler is given (`peer`, `read`, `write`, `abort`,
-`code`, ...), so that an idle stream costs one small object and one task. Handlers
-are the ones grpc's generic handlers and interceptors hand out, driven the way
-grpc.aio drives them (by the handler's kind and function type).
+A `ServerCall` is the `grpc.aio.ServicerContext` its handler is given (`peer`, `read`,
+`write`, `abort`, `code`, ...) and the gRPC framing of its stream's bytes; the HTTP/2
+stream itself (state, windows, held-back data) is the `h2grpc.streams.H2Stream` it
+serves, so that an idle stream costs two small objects and one task. Handlers are the
+ones grpc's generic handlers and interceptors hand out, driven the way grpc.aio
+drives them (by the handler's kind and function type).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import grpc
 import structlog
 
 from h2grpc.frames import GRPC_PREFIX
+from h2grpc.streams import H2Stream
 
 if TYPE_CHECKING:
     from h2grpc.connection import Connection
@@ -33,6 +35,9 @@ EOF = grpc.aio.EOF
 WRITE_BUFFER = 64 * 1024
 # How long an unknown method's status waits for the client's first message.
 UNIMPLEMENTED_WAIT = 1.0
+# Messages a handler may leave unread before its stream's window stops being given
+# back on receipt.
+INBOX_SLACK = 16
 
 
 class _Details:
@@ -84,34 +89,26 @@ class ServerCall:
         "headers_sent",
         "lost",
         "method",
-        "pending",
-        "pending_bytes",
-        "recv_unacked",
+        "plain",
         "remote_closed",
-        "send_window",
-        "stream_id",
+        "stream",
         "task",
-        "trailers",
     )
 
-    def __init__(self, conn: Connection, stream_id: int, method: str,
-                 metadata: tuple[tuple[str, str | bytes], ...], encoding: str | None,
-                 send_window: int) -> None:
+    def __init__(self, conn: Connection, stream: H2Stream, method: str,
+                 metadata: tuple[tuple[str, str | bytes], ...], encoding: str | None) -> None:
         self.conn = conn
-        self.stream_id = stream_id
+        self.stream = stream
+        stream.owner = self
         self.method = method
         self._metadata = metadata
         self._encoding = encoding
-        self.send_window = send_window
-        self.recv_unacked = 0
         self.headers_sent = False
         self.remote_closed = False
         self.ended = False  # trailers queued or sent, or the stream was reset
         self.lost = False  # reset, or the connection is gone: nothing more goes out
         self.expired = False  # the deadline passed
-        self.pending: list[bytes] | None = None  # framed messages the window holds back
-        self.pending_bytes = 0
-        self.trailers: bytes | None = None  # queued behind `pending`
+        self.plain = False  # not a gRPC request: its body is read and dropped
         self.task: asyncio.Task[None] | None = None
         self._drained: asyncio.Future[None] | None = None
         self._inbox: list[bytes] | None = None
@@ -171,7 +168,7 @@ class ServerCall:
             finally:
                 self._reader = None
         message = self._inbox.pop(0)
-        if self.recv_unacked:
+        if self.stream.recv_unacked:
             self.conn.maybe_refill(self)
         return message if self._deserializer is None else self._deserializer(message)
 
@@ -195,7 +192,7 @@ class ServerCall:
 
     def _held_back(self) -> bool:
         """A writer must wait: too much is unsent, or the socket is paused."""
-        return self.pending_bytes > WRITE_BUFFER or self.conn.paused
+        return self.stream.pending_bytes > WRITE_BUFFER or self.conn.paused
 
     async def abort(self, code: grpc.StatusCode, details: str = "",
                     trailing_metadata: Any = ()) -> None:
@@ -211,7 +208,8 @@ class ServerCall:
 
     def received(self, payload: bytes, max_message: int) -> None:
         """DATA for this stream: split it into gRPC messages."""
-        if self.ended:
+        if self.ended or self.plain:
+            self.conn.refill(self)
             return
         rbuf = self._rbuf
         if rbuf is None:
@@ -281,9 +279,6 @@ class ServerCall:
         """The stream was reset (by either side), or the connection is gone."""
         self.ended = True
         self.lost = True
-        self.pending = None
-        self.pending_bytes = 0
-        self.trailers = None
         self._wake_reader()
         self.drained()
         self._stop_task()
@@ -317,7 +312,7 @@ class ServerCall:
             await self._sleep()
 
     async def _wait_trailers_sent(self) -> None:
-        while not self.lost and self.trailers is not None:
+        while not self.lost and self.stream.trailers is not None:
             await self._sleep()
 
     async def _sleep(self) -> None:
@@ -328,6 +323,20 @@ class ServerCall:
             self._drained = None
 
     # ------------------------------------------------------------ running the handler
+
+    async def answer_not_grpc(self) -> None:
+        """A request that is not gRPC gets a plain HTTP answer once it has been sent
+        whole (or a moment passed), so that a rule it breaks on the way (say, trailers
+        without END_STREAM) is still reported as the stream error it is."""
+        self.plain = True
+        try:
+            if not self.remote_closed:
+                self._reader = asyncio.get_running_loop().create_future()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._reader, UNIMPLEMENTED_WAIT)
+        finally:
+            self._reader = None
+        self.conn.answer_plain(self)
 
     async def run(self, handlers: tuple[grpc.GenericRpcHandler, ...],
                   interceptors: tuple[Any, ...]) -> None:
@@ -363,7 +372,13 @@ class ServerCall:
         finally:
             if self._deadline is not None:
                 self._deadline.cancel()
-            self.conn.call_done(self)
+
+    def task_finished(self, _task: asyncio.Task[None]) -> None:
+        """The handler's task is over, however it ended: a task cancelled before it
+        first ran never reaches `run`'s finally, so this is a done-callback."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.conn.call_done(self)
 
     async def _drive(self, handler: grpc.RpcMethodHandler) -> None:
         if handler.request_streaming:

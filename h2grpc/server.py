@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+from collections import Counter
 from typing import Any
 
 import grpc
@@ -22,19 +23,35 @@ import structlog
 
 from h2grpc.call import ServerCall
 from h2grpc.connection import Connection
+from h2grpc.limits import H2Limits
 
 log = structlog.get_logger("meshbridge.grpc")
 
 
+class ServerStats:
+    """What the server counts, for whoever exports metrics (h2grpc imports no metrics
+    library): connections accepted, and connections ended by us, by reason (a budget's
+    name, a timeout, a protocol error)."""
+
+    __slots__ = ("accepted", "closes")
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.closes: Counter[str] = Counter()
+
+    def closed(self, reason: str) -> None:
+        self.closes[reason] += 1
+
+
 class Server:
     def __init__(self, interceptors: list[Any] | None = None, *,
-                 max_concurrent_streams: int = 10000,
-                 max_message_bytes: int = 4 * 1024 * 1024) -> None:
+                 limits: H2Limits | None = None) -> None:
         self.interceptors = tuple(interceptors or ())
         self.handlers: tuple[grpc.GenericRpcHandler, ...] = ()
-        self.max_concurrent_streams = max_concurrent_streams
-        self.max_message_bytes = max_message_bytes
+        self.limits = limits or H2Limits()
+        self.stats = ServerStats()
         self.connections: set[Connection] = set()
+        self._per_address: Counter[str] = Counter()
         self.stopping = False
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._servers: list[asyncio.Server] = []
@@ -91,8 +108,30 @@ class Server:
         if not self._tasks:
             self._idle.set()
 
+    def connection_made(self, conn: Connection) -> bool:
+        """Count the connection; False when its address already has as many as it may."""
+        self.stats.accepted += 1
+        self.connections.add(conn)
+        self._per_address[conn.address] += 1
+        limit = self.limits.max_connections_per_client
+        return not limit or self._per_address[conn.address] <= limit
+
     def connection_gone(self, conn: Connection) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            left = self._per_address[conn.address] - 1
+            if left > 0:
+                self._per_address[conn.address] = left
+            else:
+                del self._per_address[conn.address]
+
+    @property
+    def open_streams(self) -> int:
+        return sum(len(c.core.streams) for c in self.connections)
+
+    @property
+    def handler_tasks(self) -> int:
+        return len(self._tasks)
 
     # ------------------------------------------------------------ internals
 

@@ -19,11 +19,14 @@ import h2.events
 import h2.settings
 import pytest
 
-from h2grpc.connection import INBOX_SLACK, RESET_BUDGET, STREAM_WINDOW
+from h2grpc.call import INBOX_SLACK
+from h2grpc.limits import H2Limits
 from h2grpc.server import Server
 from tests.polling import eventually
 
 SERVICE = "meshbridge.test.Echo"
+STREAM_WINDOW = H2Limits().stream_window
+RESET_BUDGET = H2Limits().max_resets
 
 
 def _frame(message: bytes, compressed: bool = False) -> bytes:
@@ -85,7 +88,7 @@ class Handlers:
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[Server, Handlers, str]]:
     handlers = Handlers()
-    server = Server(max_concurrent_streams=50, max_message_bytes=1 << 20)
+    server = Server(limits=H2Limits(max_concurrent_streams=50, max_message_bytes=1 << 20))
     server.add_generic_rpc_handlers((handlers.generic(),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -442,7 +445,7 @@ async def test_a_client_resetting_streams_in_a_flood_is_cut_off_alone(
     flood.send()
     goaway = await flood.until(lambda e: isinstance(e, h2.events.ConnectionTerminated))
     assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-    assert b"streams reset" in (goaway.additional_data or b"")
+    assert b"resets in 10 s" in (goaway.additional_data or b"")
     async with grpc.aio.insecure_channel(address) as ch:  # everyone else is served
         assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"calm", timeout=5) == b"echo:calm"
     await flood.close()
