@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint bench protos install clean envtest chromium
+.PHONY: run test lint bench protos install clean envtest chromium h2spec
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,13 +20,18 @@ install: $(STAMP)
 run: install
 	$(BIN)/meshbridge serve --source demo
 
-test: install envtest chromium
+test: install envtest chromium h2spec
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
 # module proxy (about 4 minutes on a fresh 2-core machine) and cached after that.
 envtest:
 	bash scripts/envtest.sh >/dev/null
+
+# h2spec, the HTTP/2 conformance suite run against the native gRPC server, built
+# once from the Go module proxy (under a minute) and cached after that.
+h2spec:
+	bash scripts/h2spec.sh >/dev/null
 
 # Debian's Chromium, for the admin page's browser test (as root, like CI).
 chromium:
