@@ -257,7 +257,7 @@ async def one_round_lean(args: argparse.Namespace, mine: list[int], t0: float) -
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from bridge.app import App, ServeOptions
-    from bridge.limits import Limits
+    from bridge.limits import LOOPBACK_CROWD, Limits
     from bridge.log import configure_logging
     from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
 
@@ -265,7 +265,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     sim = SimCluster(Scenario(seed=9, cluster=ClusterShape(
         namespaces=10, services=args.services, endpoints_per_service=args.endpoints,
         zones=3), churn=Churn(rate=0)))
-    limits = Limits(max_streams_per_client=args.clients * args.targets + 100)
+    limits = Limits(max_streams_per_client=args.clients * args.targets + 100,
+                    h2=LOOPBACK_CROWD)
     app = App(StaticSource(sim.initial_objects()), None,
               ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
     await app.start()

@@ -275,12 +275,12 @@ def open_streams(app: Any, protocol: str) -> int:
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from bridge.app import App, ServeOptions
-    from bridge.limits import Limits
+    from bridge.limits import LOOPBACK_CROWD, Limits
     from bridge.log import configure_logging
 
     configure_logging("console", "warning")
     sim = scenario(args.endpoints)
-    limits = Limits(max_streams_per_client=args.streams * 2 + 100)
+    limits = Limits(max_streams_per_client=args.streams * 2 + 100, h2=LOOPBACK_CROWD)
     app = App(StaticSource(sim.initial_objects()), None,
               ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
     await app.start()

@@ -256,10 +256,10 @@ async def settle() -> int:
 async def measure_meshbridge(args: argparse.Namespace) -> dict[str, Any]:
     from bridge.app import App, ServeOptions
     from bridge.cluster import Event, EventType
-    from bridge.limits import Limits
+    from bridge.limits import LOOPBACK_CROWD, Limits
     from linkerd_api import service as linkerd
 
-    limits = Limits(max_streams_per_client=args.streams * 2)
+    limits = Limits(max_streams_per_client=args.streams * 2, h2=LOOPBACK_CROWD)
     app = App(StaticSource(args.endpoints), None,
               ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), [linkerd.register])
     await app.start()

@@ -19,7 +19,7 @@ import grpc
 import prometheus_client
 import structlog
 
-from bridge import debug
+from bridge import debug, h2metrics
 from bridge.admin import AdminServer, Request, Response
 from bridge.cluster import Cluster
 from bridge.debug import Renderer
@@ -28,6 +28,7 @@ from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.rpcguard import GrpcMetrics, RpcGuard
 from bridge.sources import Source
 from bridge.streams import StreamRegistry
+from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
 
@@ -83,6 +84,17 @@ def split_host_port(addr: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"address {addr!r} is not host:port")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _grpcio_lifecycle(h2: H2Limits) -> list[tuple[str, int]]:
+    """The --h2-* timeouts that grpc.aio's server has an option for."""
+    options = []
+    if h2.keepalive_time:
+        options += [("grpc.keepalive_time_ms", int(h2.keepalive_time * 1000)),
+                    ("grpc.keepalive_timeout_ms", int(h2.keepalive_timeout * 1000))]
+    if h2.idle_timeout:
+        options.append(("grpc.max_connection_idle_ms", int(h2.idle_timeout * 1000)))
+    return options
 
 
 class App:
@@ -161,11 +173,14 @@ class App:
                     ("grpc.so_reuseport", 0),
                     ("grpc.keepalive_permit_without_calls", 1),
                     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+                    *_grpcio_lifecycle(limits.h2),
                 ],
             )
-        return NativeServer(interceptors=[self.rpc_guard], limits=dataclasses.replace(
+        server = NativeServer(interceptors=[self.rpc_guard], limits=dataclasses.replace(
             limits.h2, max_concurrent_streams=limits.max_streams_per_connection,
             max_message_bytes=limits.max_message_bytes))
+        h2metrics.register(server, self.metrics)
+        return server
 
     async def wait_synced(self) -> None:
         synced = asyncio.create_task(self.synced.wait())

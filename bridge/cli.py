@@ -15,6 +15,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 
@@ -23,6 +24,7 @@ from bridge.limits import Limits
 from bridge.log import configure_logging
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
 from bridge.ports import PortSpecError, parse_port_set
+from h2grpc.limits import H2Limits, knobs
 
 log = structlog.get_logger("meshbridge.cli")
 
@@ -35,6 +37,11 @@ PLUGGABLE_COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("harness.compare", "run a comparison scenario over both protocols"),
     "shadow": ("harness.shadow", "compare two control planes' answers continuously"),
 }
+
+# H2Limits fields set by Limits' own flags, and those that cannot be 0.
+_LIMITS_FLAGS = frozenset({"max_concurrent_streams", "max_message_bytes"})
+_POSITIVE = frozenset({"stream_window", "connection_window", "max_header_list", "window",
+                       "read_slice", "write_high_water", "max_header_fields"})
 
 # Protocol layers that `serve` mounts on the shared gRPC port, in order.
 PROTOCOL_LAYERS = ("linkerd_api.service", "xds_api.service")
@@ -122,6 +129,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="concurrent streams from one client address")
     p.add_argument("--max-resource-names", type=int, default=defaults.max_resource_names,
                    help="resource names in one xDS request")
+    h2 = p.add_argument_group("HTTP/2 budgets and timeouts of the native gRPC server, per "
+                              "connection (docs/reliability.md)")
+    for name, flag, kind, default, help_text in knobs():
+        if name not in _LIMITS_FLAGS:
+            h2.add_argument(flag, dest=f"h2_{name}", type=kind, default=default,
+                            metavar="N", help=f"{help_text} (default {default})")
     add_mesh_arguments(p)
     for module in PROTOCOL_LAYERS:
         mod = _load_optional(module)
@@ -155,8 +168,13 @@ async def _serve(args: argparse.Namespace) -> int:
         log.error("--tls-cert and --tls-key go together; --client-ca needs both")
         return 2
     tls = TlsFiles(args.tls_cert, args.tls_key, args.client_ca) if args.tls_cert else None
+    try:
+        h2 = h2_limits(args)
+    except ValueError as e:
+        log.error("bad HTTP/2 limit", reason=str(e))
+        return 2
     limits = Limits(args.max_streams_per_connection, args.max_message_bytes,
-                    args.max_streams_per_client, args.max_resource_names)
+                    args.max_streams_per_client, args.max_resource_names, h2=h2)
     app = App(source, mesh_config(args),
               ServeOptions(args.listen, args.admin, vars(args), limits, tls,
                            args.grpc_transport), layers)
@@ -179,6 +197,20 @@ async def _serve(args: argparse.Namespace) -> int:
     log.info("shutting down", grace=args.shutdown_grace)
     await app.stop(args.shutdown_grace)
     return 0
+
+
+def h2_limits(args: argparse.Namespace) -> H2Limits:
+    """The --h2-* flags (and --max-connections-per-client) as H2Limits; ValueError names
+    a flag whose value cannot be."""
+    values: dict[str, Any] = {}
+    for name, flag, _, _, _ in knobs():
+        if name in _LIMITS_FLAGS:
+            continue
+        value = getattr(args, f"h2_{name}")
+        if value < 0 or (value == 0 and name in _POSITIVE):
+            raise ValueError(f"{flag} must be {'above' if name in _POSITIVE else 'at least'} 0")
+        values[name] = value
+    return H2Limits(**values)
 
 
 def _kube_options(args: argparse.Namespace) -> dict[str, object]:

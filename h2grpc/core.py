@@ -638,8 +638,12 @@ class H2Connection:
         how = self._closed.get(sid)
         if how == RESET_BY_US:
             return  # sent before the client saw our RST_STREAM: ignored (§5.4.2)
-        if how is None and kind == "HEADERS":
-            raise _protocol("a new stream id not above the last one")  # §5.1.1
+        if kind == "HEADERS":
+            if how is None:
+                raise _protocol("a new stream id not above the last one")  # §5.1.1
+            if how == ENDED:  # both sides ended it: a new request on it is a connection error
+                raise ConnectionError_(f.STREAM_CLOSED, "protocol_error",
+                                       "HEADERS on a closed stream")
         self._reply(f.rst_stream(sid, f.STREAM_CLOSED))
 
     def _idle(self, sid: int) -> bool:

@@ -8,46 +8,73 @@ second. docs/reliability.md has the table of what each one answers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _knob(default: float, help_text: str, flag: str | None = None) -> Any:
+    return field(default=default, metadata={"help": help_text, "flag": flag})
 
 
 @dataclass(frozen=True, slots=True)
 class H2Limits:
     # Streams and sizes.
-    max_concurrent_streams: int = 10_000  # SETTINGS_MAX_CONCURRENT_STREAMS
-    max_message_bytes: int = 4 * 1024 * 1024  # one gRPC request message
-    stream_window: int = 256 * 1024  # what a client may send on a stream unread
-    connection_window: int = 16 << 20  # ... and on the whole connection
-    max_header_list: int = 64 * 1024  # a request's header list (RFC 7541 §4.1 sizes)
-    max_header_fields: int = 128  # fields in one header block
-    max_continuations: int = 16  # CONTINUATION frames in one header block
+    max_concurrent_streams: int = _knob(
+        10_000, "SETTINGS_MAX_CONCURRENT_STREAMS", "--max-streams-per-connection")
+    max_message_bytes: int = _knob(4 * 1024 * 1024, "largest gRPC request message",
+                                   "--max-message-bytes")
+    stream_window: int = _knob(256 * 1024, "bytes a client may send on a stream unread")
+    connection_window: int = _knob(16 << 20, "bytes a client may send on a connection unread")
+    max_header_list: int = _knob(64 * 1024, "a request's header list, bytes (RFC 7541 sizes); "
+                                 "above it: GOAWAY COMPRESSION_ERROR")
+    max_header_fields: int = _knob(128, "fields in one header block")
+    max_continuations: int = _knob(16, "CONTINUATION frames in one header block")
 
     # Rate budgets: events per `window` seconds on one connection (0: no limit).
-    window: float = 10.0
-    max_resets: int = 2_000  # streams the client resets (rapid reset)
-    max_settings: int = 100  # SETTINGS frames
-    max_window_updates: int = 10_000  # WINDOW_UPDATEs beyond one per DATA frame we send
-    max_priority: int = 1_000  # PRIORITY frames
-    max_empty_frames: int = 1_000  # DATA/HEADERS/CONTINUATION frames carrying nothing
-    max_failed_requests: int = 1_000  # streams that end in an error status or reset
-    # Control frames we owe a peer that does not read (PING/SETTINGS ACKs, RST_STREAMs).
-    max_control_replies: int = 10_000
+    window: float = _knob(10.0, "seconds over which the --h2-max-* rates are counted")
+    max_resets: int = _knob(2_000, "streams a client may reset per window (rapid reset)")
+    max_settings: int = _knob(100, "SETTINGS frames per window")
+    max_window_updates: int = _knob(
+        10_000, "WINDOW_UPDATE frames per window beyond one per DATA frame sent")
+    max_priority: int = _knob(1_000, "PRIORITY frames per window")
+    max_empty_frames: int = _knob(1_000, "DATA/HEADERS/CONTINUATION frames carrying nothing, "
+                                  "per window")
+    max_failed_requests: int = _knob(1_000, "requests per window that end in an error status "
+                                     "or are refused")
+    max_control_replies: int = _knob(10_000, "control frames (PING/SETTINGS ACKs, RST_STREAM) "
+                                     "owed to a peer that is not reading")
 
     # PING policy (gRPC keepalive enforcement).
-    ping_min_interval: float = 5.0
-    max_ping_strikes: int = 2
+    ping_min_interval: float = _knob(5.0, "a client PING sooner than this after the last "
+                                     "one, with no data sent between, is a strike")
+    max_ping_strikes: int = _knob(2, "strikes before GOAWAY ENHANCE_YOUR_CALM too_many_pings")
 
     # Connection lifecycle, seconds (0: off).
-    handshake_timeout: float = 20.0  # preface and the ACK of our SETTINGS
-    idle_timeout: float = 300.0  # no open stream
-    keepalive_time: float = 30.0  # silence before we PING
-    keepalive_timeout: float = 10.0  # how long that PING may go unanswered
-    max_connections_per_client: int = 1_000  # from one IP address (0: no limit)
+    handshake_timeout: float = _knob(20.0, "seconds for the preface and the ACK of our "
+                                     "SETTINGS (0: none)")
+    idle_timeout: float = _knob(300.0, "seconds a connection may have no stream (0: forever)")
+    keepalive_time: float = _knob(30.0, "seconds of silence before the server PINGs (0: never)")
+    keepalive_timeout: float = _knob(10.0, "seconds that PING may go unanswered before the "
+                                     "connection is closed")
+    max_connections_per_client: int = _knob(
+        1_000, "connections from one IP address (0: no limit)", "--max-connections-per-client")
 
     # Fairness between connections.
-    read_slice: int = 64 * 1024  # bytes of input handled per loop turn per connection
-    write_high_water: int = 4 << 20  # unsent bytes above which we stop reading the peer
+    read_slice: int = _knob(64 * 1024, "bytes of input handled per loop turn per connection")
+    write_high_water: int = _knob(4 << 20, "unsent bytes above which the server stops reading "
+                                  "that peer")
 
 
-def limit_names() -> list[str]:
-    return [f.name for f in fields(H2Limits)]
+def flag_of(name: str) -> str:
+    """The `meshbridge serve` flag that sets field `name`."""
+    for f in fields(H2Limits):
+        if f.name == name:
+            return str(f.metadata["flag"] or "--h2-" + name.replace("_", "-"))
+    raise KeyError(name)
+
+
+def knobs() -> list[tuple[str, str, type, object, str]]:
+    """(field, flag, type, default, help) for every field."""
+    defaults = H2Limits()
+    return [(f.name, flag_of(f.name), type(getattr(defaults, f.name)),
+             getattr(defaults, f.name), str(f.metadata["help"])) for f in fields(H2Limits)]

@@ -34,7 +34,7 @@ import structlog
 
 from bridge import gctune
 from bridge.app import App, ProtocolLayer, ServeOptions
-from bridge.limits import Limits
+from bridge.limits import LOOPBACK_CROWD, Limits
 from bridge.model import MeshConfig
 from bridge.sources.sim import SimSource
 from harness.compare_scenario import MODELS, CompareScenario
@@ -288,7 +288,8 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
     limits = Limits(max_streams_per_client=max(Limits().max_streams_per_client,
                                                 2 * streams + 100),
                     max_streams_per_connection=max(Limits().max_streams_per_connection,
-                                                   2 * len(cs.all_targets()) + 100))
+                                                   2 * len(cs.all_targets()) + 100),
+                    h2=LOOPBACK_CROWD)
     app = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits),
               layers)
     worker: WorkerProcess | None = None

@@ -15,7 +15,7 @@ import grpc
 from bench.common import StaticSource, serving_layers
 from bridge.app import App, ServeOptions
 from bridge.authority import parse_authority
-from bridge.limits import Limits
+from bridge.limits import LOOPBACK_CROWD, Limits
 from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
 from harness.clients import LinkerdClient, XdsClient
 from tests import polling
@@ -38,7 +38,8 @@ async def start_app(objects: Iterable[Any], listen: str = "127.0.0.1:0",
                     **extra: object) -> App:
     app = App(StaticSource(list(objects)), None,
               ServeOptions(listen, "127.0.0.1:0", dict(extra),
-                           limits=Limits(max_streams_per_client=50_000)),
+                           limits=Limits(max_streams_per_client=50_000,
+                                         h2=LOOPBACK_CROWD)),
               serving_layers())
     await app.start()
     return app
