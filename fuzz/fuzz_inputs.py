@@ -13,6 +13,11 @@ The first byte of an input picks the decoder, the rest is its input:
     4  bytes from an HTTP/2 client (after its preface) into a connection of the gRPC
        server (h2grpc), whose echo handlers then run; the socket is a stand-in
        that keeps what the server writes
+    5  a sequence of HTTP/2 frames (each: kind, flags, stream, length, payload — see
+       `frame_sequence`) into the sans-IO core (h2grpc.core) alone, with the server's
+       side answering: headers, data and trailers sent back, streams reset, time
+       passing, the peer reading or not. The core must never raise, and its
+       bookkeeping (streams, windows, budgets) must stay consistent
 
 Each decoder may refuse its input only with its own domain error (a clear gRPC status,
 an HTTP/2 GOAWAY or RST_STREAM, or a logged, skipped object): any other exception is
@@ -32,16 +37,21 @@ import atheris
 
 with atheris.instrument_imports():
     import grpc
+    import hpack
     import yaml
 
     from bridge.authority import AuthorityError
     from bridge.cluster import Cluster, Event, EventType
-    from h2grpc.connection import Connection
-    from h2grpc.frames import PREFACE
-    from h2grpc.server import Server
     from bridge.model import MeshConfig, ViewKey
     from bridge.sources.files import read_manifest_file
     from bridge.views import ViewRegistry
+    from h2grpc import frames as f
+    from h2grpc.connection import Connection
+    from h2grpc.core import H2Connection
+    from h2grpc.frames import PREFACE
+    from h2grpc.limits import H2Limits
+    from h2grpc.server import Server
+    from h2grpc.streams import H2Stream
     from linkerd_api.authority import parse_context_token, parse_service_name, split_host_port
     from linkerd_api.errors import BadRequest as LinkerdBadRequest
     from linkerd_api.service import _decode as decode_get
@@ -137,7 +147,7 @@ async def _echo(_requests: object, context: grpc.aio.ServicerContext) -> None:
 
 
 async def _http2_session(data: bytes) -> None:
-    server = Server(max_concurrent_streams=16, max_message_bytes=1 << 16)
+    server = Server(limits=H2Limits(max_concurrent_streams=16, max_message_bytes=1 << 16))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("f.F", {
         "Echo": grpc.stream_stream_rpc_method_handler(_echo)}),))
     conn = Connection(server)
@@ -154,6 +164,103 @@ async def _http2_session(data: bytes) -> None:
 
 LOOP = asyncio.new_event_loop()
 
+# Small budgets, so that the fuzzer reaches each one's end within a short input.
+CORE_LIMITS = H2Limits(max_concurrent_streams=8, stream_window=4096, connection_window=65535,
+                       max_header_list=2048, max_header_fields=16, max_continuations=4,
+                       max_resets=20, max_settings=20, max_window_updates=40,
+                       max_priority=20, max_empty_frames=20, max_failed_requests=20,
+                       max_control_replies=50)
+REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/f.F/Echo"),
+           (b":authority", b"x"), (b"content-type", b"application/grpc")]
+
+
+class _CoreSink:
+    """The layer above the fuzzed core: answers the way the gRPC shell would."""
+
+    def __init__(self) -> None:
+        self.core: H2Connection | None = None
+        self.open: list[H2Stream] = []
+
+    def request_received(self, stream: H2Stream, request: object, end_stream: bool) -> None:
+        self.open.append(stream)
+
+    def stream_data(self, stream: H2Stream, data: bytes) -> None:
+        assert data
+
+    def stream_ended(self, stream: H2Stream) -> None:
+        pass
+
+    def stream_reset(self, stream: H2Stream, code: int) -> None:
+        assert stream.closed
+
+    def stream_drained(self, stream: H2Stream) -> None:
+        pass
+
+    def handshake_done(self) -> None:
+        pass
+
+    def ping_acked(self, payload: bytes) -> None:
+        assert len(payload) == 8
+
+    def terminated(self, code: int, reason: str) -> None:
+        assert reason
+
+
+def frame_sequence(data: bytes, encoder: hpack.Encoder) -> list[bytes]:
+    """Frames from the fuzzer's bytes, 4 header bytes and a payload each: kind (10 and up:
+    a well-formed request's HEADERS, or a gRPC message), flags, stream id, length."""
+    frames: list[bytes] = []
+    i = 0
+    while i + 4 <= len(data) and len(frames) < 200:
+        kind, flags, sid, n = data[i], data[i + 1], data[i + 2] % 16, data[i + 3] % 80
+        payload = data[i + 4:i + 4 + n]
+        i += 4 + n
+        if kind % 13 == 10:
+            frames.append(f.frame(f.HEADERS, f.END_HEADERS | (flags & f.END_STREAM), sid,
+                                  encoder.encode(REQUEST)))
+        elif kind % 13 == 11:
+            frames.append(f.frame(f.DATA, flags & f.END_STREAM, sid,
+                                  f.GRPC_PREFIX.pack(0, len(payload)) + payload))
+        elif kind % 13 == 12:
+            frames.append(b"")  # a marker: the server side acts (see core_session)
+        else:
+            frames.append(f.frame(kind % 13, flags, sid, payload))
+    return frames
+
+
+def core_session(data: bytes) -> None:
+    now = [1000.0]
+    sink = _CoreSink()
+    core = H2Connection(sink, CORE_LIMITS, lambda: now[0])
+    sink.core = core
+    core.initiate()
+    core.feed(PREFACE + f.settings_frame({}) + f.frame(f.SETTINGS, f.ACK, 0))
+    core.process(1 << 16)
+    for n, frame in enumerate(frame_sequence(data, hpack.Encoder())):
+        if not frame:  # the server's turn: answer, reset, let time pass, read or not
+            for stream in [s for s in sink.open if not s.closed][:3]:
+                if n % 3 == 0:
+                    core.send_headers(stream)
+                    core.send_data(stream, b"\0\0\0\0\x02ok" * (n % 7))
+                    core.send_trailers(stream, f.trailers_block(0, "", True))
+                elif n % 3 == 1:
+                    core.acknowledge(stream)
+                else:
+                    core.reset_stream(stream)
+            now[0] += n % 11
+            if n % 2:
+                core.peer_reading()
+            continue
+        core.feed(frame)
+        while core.process(97):  # small slices: frames are split across calls
+            pass
+        core.data_to_send()
+        assert core.windows.blocked >= 0 and len(core.streams) <= CORE_LIMITS.max_concurrent_streams
+        assert all(not s.closed for s in core.streams.values())
+        if core.terminated is not None:
+            assert core.process(1 << 16) is False and not core.buffered
+            return
+
 
 def http2(data: bytes) -> None:
     LOOP.run_until_complete(_http2_session(data))
@@ -162,7 +269,7 @@ def http2(data: bytes) -> None:
 def test_one_input(data: bytes) -> None:
     if not data:
         return
-    which, rest = data[0] % 5, data[1:]
+    which, rest = data[0] % 6, data[1:]
     if which == 0:
         xds(rest, delta=False)
     elif which == 1:
@@ -171,8 +278,10 @@ def test_one_input(data: bytes) -> None:
         linkerd(rest)
     elif which == 3:
         manifest(rest)
-    else:
+    elif which == 4:
         http2(rest)
+    else:
+        core_session(rest)
 
 
 def main() -> None:
