@@ -220,9 +220,8 @@ class Connection(asyncio.Protocol):
 
     def terminated(self, code: int, reason: str) -> None:
         error = self.core.terminated
-        log.info("http2 connection closed", peer=self.peer, reason=reason,
-                 detail=str(error) if error else "")
-        self.server.stats.closed(reason)
+        self.server.stats.closed(reason, self.peer, str(error) if error else "",
+                                 self.loop.time())
         self._reset_calls()
         self._close()
 
@@ -390,8 +389,8 @@ class Connection(asyncio.Protocol):
                 return
         elif lim.idle_timeout and core.idle_since is not None \
                 and now - core.idle_since > lim.idle_timeout:
-            self.server.stats.closed("idle_timeout")
-            log.info("http2 connection idle: closing", peer=self.peer)
+            self.server.stats.closed("idle_timeout", self.peer, "no stream for "
+                                     f"{lim.idle_timeout:g} s", now)
             self.go_away()
             return
         if self._ping is not None:

@@ -28,19 +28,32 @@ from h2grpc.limits import H2Limits
 log = structlog.get_logger("meshbridge.grpc")
 
 
+# A reason's close is logged at most once per this many seconds; the rest are counted
+# and said with the next line, so that a flood of bad connections floods no log.
+LOG_EVERY = 10.0
+
+
 class ServerStats:
     """What the server counts, for whoever exports metrics (h2grpc imports no metrics
     library): connections accepted, and connections ended by us, by reason (a budget's
     name, a timeout, a protocol error)."""
 
-    __slots__ = ("accepted", "closes")
+    __slots__ = ("_logged_at", "_unlogged", "accepted", "closes")
 
     def __init__(self) -> None:
         self.accepted = 0
         self.closes: Counter[str] = Counter()
+        self._logged_at: dict[str, float] = {}
+        self._unlogged: Counter[str] = Counter()
 
-    def closed(self, reason: str) -> None:
+    def closed(self, reason: str, peer: str = "", detail: str = "", now: float = 0.0) -> None:
         self.closes[reason] += 1
+        if now - self._logged_at.get(reason, -LOG_EVERY) < LOG_EVERY:
+            self._unlogged[reason] += 1
+            return
+        self._logged_at[reason] = now
+        log.info("http2 connection closed", reason=reason, peer=peer, detail=detail,
+                 more_since_last_line=self._unlogged.pop(reason, 0))
 
 
 class Server:
