@@ -394,7 +394,9 @@ class Report:
             f"missed: {self.missed}",
             f"  RSS MiB: baseline {self.rss_baseline / 2**20:.1f}, peak "
             f"{self.rss_peak / 2**20:.1f}, after {self.rss_after / 2**20:.1f}"
-            f" (recovered in {self.rss_recovered_in}s)",
+            + (f" (back within {RSS_SLACK // 2**20} MiB in {self.rss_recovered_in}s)"
+               if self.rss_recovered_in is not None else
+               f" (NOT back within {RSS_SLACK // 2**20} MiB in {RECOVERY_DEADLINE:g}s)"),
             f"  gauges: baseline {self.gauges_baseline}, after {self.gauges_after}",
             f"  attacker: {json.dumps(a)}" + (f" ERROR {self.attacker_error}"
                                               if self.attacker_error else ""),
@@ -481,6 +483,12 @@ async def run_attack(server: Server, name: str, seconds: float,
             proc.kill()
             out, err = await proc.communicate()
             report.attacker_error = f"attacker still running {seconds + 20:g}s on: killed"
+        # Keep churning and polling /ready for the whole attack window, even when the
+        # server cut the attacker off at once (the attacker then exits early).
+        rest = seconds - (time.monotonic() - t0)
+        if rest > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pollers[0]), rest)  # the window
         done.set()
         await asyncio.gather(*pollers)
         lines = out.decode(errors="replace").strip().splitlines()
