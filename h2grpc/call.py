@@ -291,6 +291,10 @@ class ServerCall:
     def start_deadline(self, seconds: float) -> None:
         self._deadline = asyncio.get_running_loop().call_later(seconds, self._expire)
 
+    def stop_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+
     def _expire(self) -> None:
         if not self.ended:
             self.expired = True
@@ -344,6 +348,9 @@ class ServerCall:
             handler = await _resolve(handlers, interceptors,
                                      _Details(self.method, self._metadata))
             if handler is None:
+                # Counted now, not when answered: a flood of them must not hold a task
+                # each for the wait below before its budget notices.
+                self.conn.junk_request()
                 # Answered once the client has sent something (or a moment passed): a
                 # grpc.aio client whose first write races a status that is already in
                 # reports INTERNAL instead of the status.
@@ -376,8 +383,7 @@ class ServerCall:
     def task_finished(self, _task: asyncio.Task[None]) -> None:
         """The handler's task is over, however it ended: a task cancelled before it
         first ran never reaches `run`'s finally, so this is a done-callback."""
-        if self._deadline is not None:
-            self._deadline.cancel()
+        self.stop_deadline()
         self.conn.call_done(self)
 
     async def _drive(self, handler: grpc.RpcMethodHandler) -> None:

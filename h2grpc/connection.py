@@ -50,9 +50,11 @@ _PUMPING = 1  # a slice is done and the rest waits for the next loop turn
 _WRITES_BACKED_UP = 2  # the peer is not reading what we write
 
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-# Status codes that are a client's own doing when they end a request it sent.
+# Status codes that do not count against the failed-request budget: a client's own
+# doing (cancel, its deadline), or counted when the request came (UNIMPLEMENTED).
 _NOT_FAILURES = frozenset({grpc.StatusCode.OK, grpc.StatusCode.CANCELLED,
-                           grpc.StatusCode.DEADLINE_EXCEEDED})
+                           grpc.StatusCode.DEADLINE_EXCEEDED,
+                           grpc.StatusCode.UNIMPLEMENTED})
 
 
 class Connection(asyncio.Protocol):
@@ -74,6 +76,9 @@ class Connection(asyncio.Protocol):
         self._watchdog: asyncio.TimerHandle | None = None
         self._ping: bytes | None = None  # our keepalive PING, unanswered
         self._ping_sent_at = 0.0
+        # Calls whose handler starts once the slice that opened them is handled: a
+        # stream opened and reset in one slice (rapid reset) never costs a task.
+        self._starting: list[tuple[ServerCall, bool]] = []
 
     @property
     def calls(self) -> dict[int, ServerCall]:
@@ -136,6 +141,8 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         more = self.core.process(self.limits.read_slice)
+        if self._starting:
+            self._start_calls()
         self._schedule()
         if more:
             # The rest waits a loop turn: other connections, the admin port and
@@ -179,7 +186,8 @@ class Connection(asyncio.Protocol):
                           encoding)
         call.remote_closed = end_stream
         if request.method != b"POST" or not content_type.startswith(b"application/grpc"):
-            self._start(call, call.answer_not_grpc())
+            self.junk_request()
+            self._starting.append((call, False))
             return
         if timeout:
             seconds = _timeout_seconds(timeout)
@@ -187,7 +195,7 @@ class Connection(asyncio.Protocol):
                 self.finish(call, grpc.StatusCode.INTERNAL, "malformed grpc-timeout")
                 return
             call.start_deadline(seconds)
-        self._start(call, call.run(self.server.handlers, self.server.interceptors))
+        self._starting.append((call, True))
 
     def stream_data(self, stream: H2Stream, data: bytes) -> None:
         call: ServerCall | None = stream.owner
@@ -255,6 +263,12 @@ class Connection(asyncio.Protocol):
             self.core.failed_request()
         self._schedule()
 
+    def junk_request(self) -> None:
+        """A request for nothing this server serves: counted against the connection's
+        failed-request budget at once (its answer is counted no more)."""
+        self.core.failed_request()
+        self._schedule()
+
     def answer_plain(self, call: ServerCall) -> None:
         """What a non-gRPC request gets: HTTP 415 and a line saying what this port is."""
         if call.ended:
@@ -264,7 +278,6 @@ class Connection(asyncio.Protocol):
         self.core.send_headers(call.stream, NOT_GRPC_HEADERS)
         self.core.send_data(call.stream, NOT_GRPC_BODY)
         self.core.send_trailers(call.stream, b"")
-        self.core.failed_request()
         self._schedule()
 
     def reset(self, call: ServerCall) -> None:
@@ -296,10 +309,18 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ internals
 
-    def _start(self, call: ServerCall, work: Any) -> None:
-        call.task = task = self.loop.create_task(work)
-        task.add_done_callback(call.task_finished)
-        self.server.call_started(call)
+    def _start_calls(self) -> None:
+        starting, self._starting = self._starting, []
+        server = self.server
+        for call, grpc_call in starting:
+            if call.lost:
+                call.stop_deadline()
+                continue  # reset in the slice that opened it
+            work = (call.run(server.handlers, server.interceptors) if grpc_call
+                    else call.answer_not_grpc())
+            call.task = task = self.loop.create_task(work)
+            task.add_done_callback(call.task_finished)
+            server.call_started(call)
 
     def _reset_calls(self) -> None:
         for stream in self.core.drop_streams():
