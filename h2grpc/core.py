@@ -513,7 +513,8 @@ class H2Connection:
             self.windows.queue(stream, data)
 
     def send_trailers(self, stream: H2Stream, block: bytes) -> None:
-        """End our side with this header block, after the stream's held-back data."""
+        """End our side with this header block (empty: with no trailers), after the
+        stream's held-back data."""
         if stream.state not in SENDS:
             return
         if stream.pending is not None:
@@ -583,7 +584,9 @@ class H2Connection:
     def _write_trailers(self, stream: H2Stream, block: bytes) -> None:
         sid = stream.id
         limit = self.windows.max_frame
-        if len(block) <= limit:
+        if not block:  # no trailers: the end is an empty DATA frame (a plain HTTP answer)
+            self.out.append(f.frame(f.DATA, f.END_STREAM, sid))
+        elif len(block) <= limit:
             self.out.append(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, block))
         else:
             first, rest = block[:limit], block[limit:]
