@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from bridge.log import configure_logging
+    from meshbridge.log import configure_logging
 
     configure_logging("console", "warning")
     result = run(args)

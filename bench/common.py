@@ -198,8 +198,6 @@ class StaticSource:
 
 def serving_layers() -> list[Any]:
     """Both protocol layers, as `meshbridge serve` mounts them."""
-    import importlib
+    from meshbridge.layers import protocol_layers
 
-    from bridge.cli import PROTOCOL_LAYERS
-
-    return [importlib.import_module(m).register for m in PROTOCOL_LAYERS]
+    return protocol_layers()

@@ -44,8 +44,8 @@ from bench.common import (
     serving_layers,
 )
 from bench.h2client import LeanConnection
-from bridge import gctune
 from linkerd_api.proto import destination_pb2
+from meshbridge import gctune
 
 TARGET_S = 5.0
 TARGET_CLIENTS = 5000
@@ -256,10 +256,10 @@ async def one_round_lean(args: argparse.Namespace, mine: list[int], t0: float) -
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from bridge.app import App, ServeOptions
-    from bridge.limits import LOOPBACK_CROWD, Limits
-    from bridge.log import configure_logging
     from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
+    from meshbridge.app import App, ServeOptions
+    from meshbridge.limits import LOOPBACK_CROWD, Limits
+    from meshbridge.log import configure_logging
 
     configure_logging("console", "warning")
     sim = SimCluster(Scenario(seed=9, cluster=ClusterShape(

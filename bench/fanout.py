@@ -43,7 +43,7 @@ from bench.common import (
     rss_kib,
     serving_layers,
 )
-from bridge import gctune
+from meshbridge import gctune
 
 PROTOCOLS = ("get", "sotw", "delta")
 TITLES = {"get": "Linkerd Get", "sotw": "xDS SotW EDS", "delta": "xDS delta EDS"}
@@ -274,9 +274,9 @@ def open_streams(app: Any, protocol: str) -> int:
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from bridge.app import App, ServeOptions
-    from bridge.limits import LOOPBACK_CROWD, Limits
-    from bridge.log import configure_logging
+    from meshbridge.app import App, ServeOptions
+    from meshbridge.limits import LOOPBACK_CROWD, Limits
+    from meshbridge.log import configure_logging
 
     configure_logging("console", "warning")
     sim = scenario(args.endpoints)

@@ -254,10 +254,10 @@ async def settle() -> int:
 
 
 async def measure_meshbridge(args: argparse.Namespace) -> dict[str, Any]:
-    from bridge.app import App, ServeOptions
     from bridge.cluster import Event, EventType
-    from bridge.limits import LOOPBACK_CROWD, Limits
     from linkerd_api import service as linkerd
+    from meshbridge.app import App, ServeOptions
+    from meshbridge.limits import LOOPBACK_CROWD, Limits
 
     limits = Limits(max_streams_per_client=args.streams * 2, h2=LOOPBACK_CROWD)
     app = App(StaticSource(args.endpoints), None,
@@ -320,7 +320,7 @@ async def measure_meshbridge(args: argparse.Namespace) -> dict[str, Any]:
 async def measure_bare_grpc(args: argparse.Namespace) -> dict[str, Any]:
     """Per-stream memory of a grpc.aio server that does nothing but hold the stream:
     same server options as meshbridge's port, no interceptor, one small message."""
-    from bridge.limits import Limits
+    from meshbridge.limits import Limits
 
     held: list[asyncio.Future[None]] = []
     update = b"\x0a\x00"  # Update{add: {}}
@@ -357,7 +357,7 @@ async def measure_bare_grpc(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from bridge.log import configure_logging
+    from meshbridge.log import configure_logging
 
     configure_logging("console", "warning")
     if args.measure == "bare":

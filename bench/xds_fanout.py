@@ -35,12 +35,12 @@ from typing import Any, Protocol
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-from bridge.app import App, ServeOptions
 from bridge.cluster import Event, EventType
-from bridge.limits import Limits
-from bridge.log import configure_logging
 from bridge.objects import decode_object
 from bridge.sources.files import FilesSource
+from meshbridge.app import App, ServeOptions
+from meshbridge.limits import Limits
+from meshbridge.log import configure_logging
 from xds_api import resource_types as rt
 from xds_api import service as xds_service
 

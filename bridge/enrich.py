@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from bridge.cluster import Cluster
 from bridge.model import EndpointId, MeshConfig, ProtocolHint
 from bridge.objects import EndpointSlice, Pod, Server, SliceEndpoint
-from bridge.ports import PortSpecError, parse_port_set, port_of_listen_addr
+from bridge.port_sets import PortSpecError, parse_port_set, port_of_listen_addr
 
 CONTROL_PLANE_NS_LABEL = "linkerd.io/control-plane-ns"
 OPAQUE_PORTS_ANNOTATION = "config.linkerd.io/opaque-ports"

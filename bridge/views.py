@@ -32,7 +32,6 @@ from bridge.enrich import (
     enrich_address_endpoint,
     enrich_pod_endpoint,
 )
-from bridge.metrics import ViewMetrics
 from bridge.model import (
     BASE_WEIGHT,
     Endpoint,
@@ -44,6 +43,7 @@ from bridge.model import (
     ViewKey,
 )
 from bridge.objects import EndpointSlice, Pod, Service, SliceEndpoint, TargetRef
+from bridge.view_metrics import ViewMetrics
 
 log = structlog.get_logger("meshbridge.views")
 

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridge.log import configure_logging
 from bridge.sources.sim import ScenarioError
 from harness.compare_envoy import EnvoyError, EnvoyFleet
 from harness.compare_run import Run, RunError, RunOptions
@@ -28,6 +27,7 @@ from harness.compare_scenario import (
     CompareScenario,
     load_compare_scenario,
 )
+from meshbridge.log import configure_logging
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SHORT_TITLES = {"linkerd": "Linkerd Get", "sotw": "xDS SotW", "delta": "xDS delta"}

@@ -24,10 +24,10 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge.app import App
 from harness.compare_run import Run, server_counts
 from harness.compare_scenario import CompareScenario
 from harness.envoy import XDS_CLUSTER, Envoy, envoy_binary
+from meshbridge.app import App
 
 MAX_ENVOYS = 64
 START_TIMEOUT = 30.0

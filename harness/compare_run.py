@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib
 import json
 import os
 import resource
@@ -32,19 +31,19 @@ from typing import Any, Protocol
 
 import structlog
 
-from bridge import gctune
-from bridge.app import App, ProtocolLayer, ServeOptions
-from bridge.limits import LOOPBACK_CROWD, Limits
 from bridge.model import MeshConfig
 from bridge.sources.sim import SimSource
 from harness.compare_scenario import MODELS, CompareScenario
 from harness.compare_truth import TruthRecorder
 from harness.compare_wire import CountingServer, WireCounter
+from meshbridge import gctune
+from meshbridge.app import App, ProtocolLayer, ServeOptions
+from meshbridge.layers import PROTOCOL_LAYERS, load_optional
+from meshbridge.limits import LOOPBACK_CROWD, Limits
 
 log = structlog.get_logger("meshbridge.compare")
 
 # What `meshbridge serve` mounts; a model whose layer is absent is skipped and said so.
-PROTOCOL_LAYERS = ("linkerd_api.service", "xds_api.service")
 MODEL_LAYER = {"linkerd": "linkerd_api.service", "sotw": "xds_api.service",
                "delta": "xds_api.service"}
 STREAM_MODEL = {"linkerd-get": "linkerd"}  # xDS streams are told apart by node id
@@ -143,12 +142,9 @@ def load_layers(broken: dict[str, str] | None = None, wire: WireCounter | None =
     layers: list[ProtocolLayer] = []
     present: set[str] = set()
     for module in PROTOCOL_LAYERS:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue
-            raise
+        mod = load_optional(module)
+        if mod is None:
+            continue
         register = getattr(mod, "register", None)
         if register is not None:
             counted = wire if module == MODEL_LAYER["linkerd"] else None

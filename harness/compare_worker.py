@@ -29,9 +29,9 @@ from typing import Any
 
 import grpc
 
-from bridge import gctune
 from harness.clients import LinkerdClient, Received, XdsClient
 from harness.normalize import NormalEndpoint, State, digest, from_cla
+from meshbridge import gctune
 
 PROGRESS_PERIOD = 0.1
 CACHE_LIMIT = 4096

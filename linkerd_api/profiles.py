@@ -32,7 +32,7 @@ from bridge.model import (
     ServiceKey,
 )
 from bridge.objects import Pod, Service, ServiceProfile
-from bridge.ports import PortSpecError, parse_port_set
+from bridge.port_sets import PortSpecError, parse_port_set
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.proto import http_types_pb2 as http
 from linkerd_api.proto import meta_pb2 as meta

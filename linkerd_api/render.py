@@ -19,11 +19,11 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from bridge.client_tls import add_tls_arguments, sync_channel
 from linkerd_api.authority import parse_context_token
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.proto import http_types_pb2 as http
 from linkerd_api.translate import address_text
+from meshbridge.client_tls import add_tls_arguments, sync_channel
 
 DEFAULT_SERVER = "127.0.0.1:8086"
 

@@ -21,10 +21,8 @@ import prometheus_client
 import structlog
 from google.protobuf.message import DecodeError
 
-from bridge.app import App
 from bridge.authority import AuthorityError
 from bridge.model import FilterKey, ServiceKey, ViewKey
-from bridge.streams import StreamInfo
 from bridge.views import InvalidService, View
 from linkerd_api.authority import (
     ContextToken,
@@ -53,6 +51,8 @@ from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.queue import UpdateQueue
 from linkerd_api.render import to_dict
 from linkerd_api.translate import Translator, address_text, ready_endpoints
+from meshbridge.app import App
+from meshbridge.stream_registry import StreamInfo
 
 log = structlog.get_logger("meshbridge.linkerd")
 

@@ -9,23 +9,13 @@ from typing import Any
 
 import pytest
 
-from bridge.app import App, ProtocolLayer, ServeOptions
-from bridge.cli import PROTOCOL_LAYERS, _load_optional
 from bridge.model import MeshConfig
 from bridge.sources import DEMO_DIR
 from bridge.sources.files import FilesSource
+from meshbridge.app import App, ProtocolLayer, ServeOptions
+from meshbridge.layers import protocol_layers
 
 AppFactory = Callable[..., Any]
-
-
-def protocol_layers() -> list[ProtocolLayer]:
-    """Every protocol layer that exists, as `meshbridge serve` mounts them."""
-    layers = []
-    for module in PROTOCOL_LAYERS:
-        mod = _load_optional(module)
-        if mod is not None:
-            layers.append(mod.register)  # type: ignore[attr-defined]
-    return layers
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
-from bridge.client_tls import add_tls_arguments, aio_channel
+from meshbridge.client_tls import add_tls_arguments, aio_channel
 from xds_api import resource_types as rt
 from xds_api.names import expand_short_name
 from xds_api.resources import METADATA_NAMESPACE

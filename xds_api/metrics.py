@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from bridge.loopmetrics import LoopCounter
+from meshbridge.loopmetrics import LoopCounter
 from xds_api import resource_types as rt
 
 _TYPES = (*rt.ORDER, "other")

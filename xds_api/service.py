@@ -25,9 +25,9 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError
 
-from bridge.app import App
-from bridge.streams import StreamInfo
 from bridge.views import View
+from meshbridge.app import App
+from meshbridge.stream_registry import StreamInfo
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.metrics import XdsMetrics

@@ -19,8 +19,8 @@ import structlog
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from bridge.streams import StreamInfo
 from bridge.views import View, ViewChange
+from meshbridge.stream_registry import StreamInfo
 from xds_api import resource_types as rt
 from xds_api import wire
 from xds_api.cache import Reply, ResourceCache

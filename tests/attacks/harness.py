@@ -37,7 +37,7 @@ from bridge.sources import DEMO_DIR
 from harness.clients import LinkerdClient, Received, XdsClient
 
 REPO = Path(__file__).resolve().parents[2]
-# Where `meshbridge serve` runs from (its cwd, so `-m bridge.cli` imports that tree):
+# Where `meshbridge serve` runs from (its cwd, so `-m meshbridge.cli` imports that tree):
 # this repository, or another checkout to compare against (e.g. `git archive HEAD`).
 SERVER_ROOT = Path(os.environ.get("MESHBRIDGE_ATTACK_SERVER_ROOT", str(REPO)))
 
@@ -76,7 +76,7 @@ def free_port() -> int:
 
 @cache
 def serve_help() -> str:
-    proc = subprocess.run([sys.executable, "-m", "bridge.cli", "serve", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "meshbridge.cli", "serve", "--help"],
                           capture_output=True, text=True, cwd=SERVER_ROOT, timeout=60, check=False)
     return proc.stdout
 
@@ -150,7 +150,7 @@ class Server:
         self.set_endpoints(churn_addresses(self.changes))
         self.port, self.admin_port = free_port(), free_port()
         self.flags = server_flags(self.transport)
-        cmd = [sys.executable, "-m", "bridge.cli", "serve",
+        cmd = [sys.executable, "-m", "meshbridge.cli", "serve",
                "--source", f"files:{self.manifests}",
                "--listen", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{self.admin_port}",
                "--log-format", "json", "--grpc-transport", self.transport,

@@ -9,9 +9,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bridge.app import App
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import View, ViewChange
+from meshbridge.app import App
 
 
 class Sink:

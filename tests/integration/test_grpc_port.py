@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from bridge.app import App, ServeOptions, TlsFiles
-from bridge.limits import Limits
 from bridge.sources.files import FilesSource
+from meshbridge.app import App, ServeOptions, TlsFiles
+from meshbridge.limits import Limits
 
 METHOD = "/meshbridge.test.Hold/Stream"
 
@@ -201,7 +201,7 @@ async def test_the_get_and_xds_clients_speak_mtls_with_matching_flags(
     import sys
 
     from bridge.model import MeshConfig
-    from tests.conftest import protocol_layers
+    from meshbridge.layers import protocol_layers
 
     for name in ("client", "client_key"):
         (tmp_path / f"{name}.pem").write_bytes(pki[name])
@@ -220,14 +220,14 @@ async def test_the_get_and_xds_clients_speak_mtls_with_matching_flags(
         }
         for name, argv in commands.items():
             ok = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bridge.cli", *argv, *tls_flags,
+                sys.executable, "-m", "meshbridge.cli", *argv, *tls_flags,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(ok.communicate(), 30)
             assert ok.returncode == 0, (name, err.decode())
             assert b"10.244." in out, name  # an endpoint address of the demo's web pods
             # The same command without a client certificate is refused by the server.
             refused = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bridge.cli", *argv, *tls_flags[:4], "--timeout", "5",
+                sys.executable, "-m", "meshbridge.cli", *argv, *tls_flags[:4], "--timeout", "5",
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             await asyncio.wait_for(refused.communicate(), 30)
             assert refused.returncode != 0, name

@@ -34,9 +34,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from bridge.app import App, ServeOptions, TlsFiles
 from bridge.sources.files import FilesSource
-from tests.conftest import AppFactory, protocol_layers
+from meshbridge.app import App, ServeOptions, TlsFiles
+from meshbridge.layers import protocol_layers
+from tests.conftest import AppFactory
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "reliability.md"

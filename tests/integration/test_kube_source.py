@@ -14,13 +14,13 @@ import grpc
 import pytest
 from kubernetes import client, config
 
-from bridge.app import App, ServeOptions
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.sources.kube import KubeSource
 from bridge.views import View, ViewChange
 from harness.clients import LinkerdClient, XdsClient
+from meshbridge.app import App, ServeOptions
+from meshbridge.layers import protocol_layers
 from tests import polling
-from tests.conftest import protocol_layers
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
 

@@ -22,7 +22,7 @@ class Cli:
     @classmethod
     async def start(cls, app: Any, *args: str) -> Cli:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge.cli", *args, "--server",
+            sys.executable, "-m", "meshbridge.cli", *args, "--server",
             f"127.0.0.1:{app.grpc_port}",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         return cls(proc)
@@ -159,7 +159,7 @@ async def test_an_unreachable_server_is_an_error(make_app: AppFactory, demo_dir:
     port = app.grpc_port
     await app.stop(grace=0.1)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bridge.cli", "get", WEB, "--server", f"127.0.0.1:{port}",
+        sys.executable, "-m", "meshbridge.cli", "get", WEB, "--server", f"127.0.0.1:{port}",
         "--timeout", "2", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(proc.communicate(), DEADLINE)
     assert proc.returncode == 1 and err.decode().startswith("error: UNAVAILABLE")

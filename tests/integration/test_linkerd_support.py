@@ -15,9 +15,9 @@ from typing import Any
 import grpc
 import yaml
 
-from bridge.app import App
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import address_text
+from meshbridge.app import App
 from tests import polling
 
 SERVICE = "/io.linkerd.proxy.destination.Destination"

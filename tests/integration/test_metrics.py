@@ -13,8 +13,8 @@ import grpc
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.app import App
 from harness.clients import LinkerdClient, XdsClient
+from meshbridge.app import App
 from tests.polling import eventually
 
 TARGET = "catalog.shop.svc.cluster.local:80"

@@ -12,10 +12,10 @@ from typing import Any
 import grpc
 import yaml
 
-from bridge.app import App
 from bridge.authority import parse_authority
 from harness.clients import LinkerdClient, XdsClient
 from harness.normalize import NormalEndpoint, State
+from meshbridge.app import App
 
 
 def demo_targets(app: App) -> list[str]:

@@ -32,7 +32,7 @@ def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> Non
         [
             sys.executable,
             "-m",
-            "bridge.cli",
+            "meshbridge.cli",
             "serve",
             "--listen",
             f"127.0.0.1:{grpc_port}",

@@ -20,10 +20,10 @@ from typing import Any, TypeAlias
 import grpc
 import pytest
 
-from bridge.app import App
-from bridge.cli import _load_optional
 from bridge.model import MeshConfig, ServiceKey
 from linkerd_api.proto import destination_pb2
+from meshbridge.app import App
+from meshbridge.layers import layer
 from tests.conftest import AppFactory
 from tests.integration.test_shadow_support import (
     BILLING,
@@ -174,9 +174,7 @@ async def test_a_not_found_target_is_resubscribed_until_it_exists(tmp_path: Path
 
 
 def linkerd_layer() -> Any:
-    mod = _load_optional("linkerd_api.service")
-    assert mod is not None, "the Linkerd layer (linkerd_api.service) is importable"
-    return mod
+    return layer("linkerd_api.service")
 
 
 def addr(app: App) -> str:
@@ -273,13 +271,11 @@ def _split(row: tuple[str, int, int, int]) -> tuple[ServiceKey, int]:
 async def test_bad_peers_are_reported_per_target_while_the_rest_compares(
         make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
     linkerd_layer()
-    xds = _load_optional("xds_api.service")
-    assert xds is not None
     theirs_dir = copy(demo_dir, tmp_path / "theirs")
     plant_external_name(theirs_dir)
     ours = await make_app(demo_dir)
     theirs = await make_app(theirs_dir)
-    xds_only = await make_app(demo_dir, layers=[xds.register])  # type: ignore[attr-defined]
+    xds_only = await make_app(demo_dir, layers=[layer("xds_api.service")])
     targets = tmp_path / "targets"
     targets.write_text(f"{WEB}\n{BILLING}\n")
 

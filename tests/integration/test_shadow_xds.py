@@ -20,9 +20,9 @@ import pytest
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from bridge.app import App
-from bridge.cli import _load_optional
 from harness.clients import ADS_SOTW, EDS_TYPE
+from meshbridge.app import App
+from meshbridge.layers import layer
 from tests.conftest import AppFactory
 from tests.integration.test_shadow_support import (
     BILLING,
@@ -143,9 +143,8 @@ async def test_an_unreachable_theirs_is_an_error_per_target(
 
 async def test_a_server_without_xds_is_reported_unimplemented(
         make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
-    linkerd = _load_optional("linkerd_api.service")
-    other = [linkerd.register] if linkerd is not None else []  # type: ignore[attr-defined]
-    ours, theirs = await make_app(demo_dir), await make_app(demo_dir, layers=other)
+    ours = await make_app(demo_dir)
+    theirs = await make_app(demo_dir, layers=[layer("linkerd_api.service")])
     targets = tmp_path / "targets"
     targets.write_text(f"{WEB}\n")
     run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs),
@@ -231,7 +230,7 @@ async def test_a_foreign_server_is_compared_on_what_both_carry(
 
 async def _cli(*argv: str) -> tuple[int, list[dict[str, Any]]]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bridge.cli", "shadow", *argv,
+        sys.executable, "-m", "meshbridge.cli", "shadow", *argv,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     out, err = await asyncio.wait_for(proc.communicate(), 60)

@@ -17,9 +17,9 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 
-from bridge.app import App
 from bridge.cluster import Event, EventType
 from bridge.objects import decode_object
+from meshbridge.app import App
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import DEMO, Manifests, eventually, service_with_addresses
 from xds_api import resource_types as rt
@@ -230,7 +230,7 @@ async def test_the_xds_command_prints_what_arrives(demo_dir: Path,
 
     async def cli(*args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bridge.cli", "xds", "--server", server, "--timeout", "10",
+            sys.executable, "-m", "meshbridge.cli", "xds", "--server", server, "--timeout", "10",
             *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode is not None

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bridge.app import App
+from meshbridge.app import App
 from tests.conftest import AppFactory
 from tests.integration.envoy import Envoy, envoy_binary
 from tests.integration.xds_helpers import (

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bridge.app import App
+from meshbridge.app import App
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import DEMO, Manifests, eventually
 

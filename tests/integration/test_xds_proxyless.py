@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from bridge.app import App
+from meshbridge.app import App
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import Manifests, eventually, service_with_addresses
 

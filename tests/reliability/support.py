@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 
 from bench.common import StaticSource, serving_layers
-from bridge.app import App, ServeOptions
 from bridge.authority import parse_authority
-from bridge.limits import LOOPBACK_CROWD, Limits
 from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
 from harness.clients import LinkerdClient, XdsClient
+from meshbridge.app import App, ServeOptions
+from meshbridge.limits import LOOPBACK_CROWD, Limits
 from tests import polling
 
 MODELS = ("linkerd", "sotw", "delta")

@@ -12,7 +12,7 @@ from bridge.authority import AuthorityError, parse_authority
 from bridge.cluster import Cluster, Event, EventType
 from bridge.model import MeshConfig, ServiceKey, ViewKey
 from bridge.objects import ObjectError, decode_object
-from bridge.ports import PortSpecError, parse_port_set
+from bridge.port_sets import PortSpecError, parse_port_set
 from bridge.views import ViewRegistry
 
 LABEL = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)

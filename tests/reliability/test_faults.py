@@ -94,7 +94,7 @@ async def test_sigterm_during_churn_ends_every_stream_cleanly_and_exits_zero(
         "churn: {rate: 100}\n")  # no duration: churns until stopped
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bridge.cli", "serve", "--source", f"sim:{scenario}",
+        sys.executable, "-m", "meshbridge.cli", "serve", "--source", f"sim:{scenario}",
         "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0", "--log-format", "json",
         "--shutdown-grace", "5", stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))

@@ -6,8 +6,8 @@ import asyncio
 import urllib.error
 import urllib.request
 
-from bridge.app import App, ServeOptions
 from bridge.cluster import Cluster
+from meshbridge.app import App, ServeOptions
 
 
 class NeverSyncingSource:

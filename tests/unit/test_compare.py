@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from bridge.cli import main as cli_main
 from bridge.cluster import Event, EventType
 from bridge.objects import EndpointSlice
 from bridge.sources.sim import ScenarioError, SimCluster, parse_scenario
@@ -15,6 +14,7 @@ from harness.compare_analysis import analyse, latency_summary, match_stream, per
 from harness.compare_kube import _Replay, endpoints_object, kube_side, slice_object
 from harness.compare_scenario import parse_compare_scenario
 from harness.compare_truth import INITIAL, Emission, TruthVersion
+from meshbridge.cli import main as cli_main
 
 SMOKE = Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "smoke.yaml"
 SCENARIOS = sorted(SMOKE.parent.glob("*.yaml"))

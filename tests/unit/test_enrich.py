@@ -178,14 +178,14 @@ def test_owner_kind_metric_labels(owner: tuple[str, str] | None,
      ("amqp-tls", {5671}), ("", set())],
 )
 def test_port_lists_take_numbers_ranges_and_dashed_names(text: str, ports: set[int]) -> None:
-    from bridge.ports import parse_port_set
+    from bridge.port_sets import parse_port_set
 
     assert parse_port_set(text, {"amqp-tls": 5671}.get) == ports
 
 
 @pytest.mark.parametrize("text", ["0-", "-5", "5-3", "70000", "0", "x-y"])
 def test_bad_port_lists_are_rejected(text: str) -> None:
-    from bridge.ports import PortSpecError, parse_port_set
+    from bridge.port_sets import PortSpecError, parse_port_set
 
     with pytest.raises(PortSpecError):
         parse_port_set(text)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge import gctune
-from bridge.app import App, ServeOptions
 from bridge.sources.files import FilesSource
-from tests.conftest import protocol_layers
+from meshbridge import gctune
+from meshbridge.app import App, ServeOptions
+from meshbridge.layers import protocol_layers
 
 
 @pytest.fixture

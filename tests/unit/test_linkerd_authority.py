@@ -14,9 +14,8 @@ import pytest
 import structlog
 
 from bridge.authority import AuthorityError
-from bridge.log import configure_logging
 from bridge.model import ServiceKey
-from bridge.ports import PortSpecError, parse_port_set, port_of_listen_addr
+from bridge.port_sets import PortSpecError, parse_port_set, port_of_listen_addr
 from linkerd_api.authority import (
     MAX_NAME_LENGTH,
     ContextToken,
@@ -26,6 +25,7 @@ from linkerd_api.authority import (
     parse_service_name,
     split_host_port,
 )
+from meshbridge.log import configure_logging
 
 LONG_NAME = "a" * 60 + "." + "b" * 60 + "." + "c" * 60 + "." + "d" * 60 + ".svc.cluster.local"
 

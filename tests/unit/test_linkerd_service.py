@@ -8,14 +8,14 @@ from typing import Any
 import grpc
 import pytest
 
-from bridge.app import App, ServeOptions
-from bridge.cli import build_parser
 from bridge.model import ServiceKey
 from bridge.sources import DEMO_DIR
 from bridge.sources.files import FilesSource
 from linkerd_api import errors
 from linkerd_api.profile_streams import EndpointProfileKey, ProfileStream, ServiceProfileKey
 from linkerd_api.service import STATUS_OF, DestinationService
+from meshbridge.app import App, ServeOptions
+from meshbridge.cli import parse_args
 from tests.unit.builders import load, pod, service
 
 
@@ -24,10 +24,10 @@ def app_with(**extra: Any) -> App:
 
 
 def test_serve_takes_the_semantics_and_queue_capacity_flags() -> None:
-    args = build_parser().parse_args(["serve", "--destination-semantics", "linkerd-2.20",
+    args = parse_args(["serve", "--destination-semantics", "linkerd-2.20",
                                       "--stream-queue-capacity", "7"])
     assert (args.destination_semantics, args.stream_queue_capacity) == ("linkerd-2.20", 7)
-    defaults = build_parser().parse_args(["serve"])
+    defaults = parse_args(["serve"])
     assert (defaults.destination_semantics, defaults.stream_queue_capacity) == ("proto", 100)
 
 
@@ -38,7 +38,7 @@ def test_serve_takes_the_semantics_and_queue_capacity_flags() -> None:
 ])
 def test_bad_flag_values_are_refused_by_the_parser(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", *argv])
+        parse_args(["serve", *argv])
 
 
 @pytest.mark.parametrize(("extra", "reason"), [

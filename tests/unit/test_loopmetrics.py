@@ -5,7 +5,7 @@ from __future__ import annotations
 import prometheus_client
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.loopmetrics import LoopCounter, LoopHistogram
+from meshbridge.loopmetrics import LoopCounter, LoopHistogram
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0)
 VALUES = (0.0005, 0.001, 0.002, 0.05, 0.1, 0.5, 3.0, 7.5)

@@ -322,7 +322,7 @@ def test_address_endpoints_without_a_pod_are_named_after_the_address() -> None:
 def test_view_metrics_follow_subscribers_versions_and_size() -> None:
     import prometheus_client
 
-    from bridge.metrics import ViewMetrics
+    from bridge.view_metrics import ViewMetrics
 
     registry = prometheus_client.CollectorRegistry()
     cluster = Cluster()

@@ -8,7 +8,7 @@ Set with `meshbridge serve` flags; each gives a clear status when exceeded:
     --max-streams-per-client      open streams from one client address; the next one
                                   fails with RESOURCE_EXHAUSTED naming the limit
 
-The per-client limit is enforced by `bridge.rpcguard.RpcGuard`. Authority length (253
+The per-client limit is enforced by `meshbridge.rpcguard.RpcGuard`. Authority length (253
 + port) and resource names per xDS request are enforced by the protocol layers, which
 know what a name is.
 """

@@ -19,18 +19,18 @@ import grpc
 import prometheus_client
 import structlog
 
-from bridge import debug, h2metrics
-from bridge.admin import AdminServer, Request, Response
 from bridge.cluster import Cluster
-from bridge.debug import Renderer
-from bridge.limits import Limits
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
-from bridge.rpcguard import GrpcMetrics, RpcGuard
 from bridge.sources import Source
-from bridge.streams import StreamRegistry
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
+from meshbridge import debug, h2metrics
+from meshbridge.admin import AdminServer, Request, Response
+from meshbridge.debug import Renderer
+from meshbridge.limits import Limits
+from meshbridge.rpcguard import GrpcMetrics, RpcGuard
+from meshbridge.stream_registry import StreamRegistry
 
 log = structlog.get_logger("meshbridge.app")
 
@@ -106,7 +106,7 @@ class App:
         layers: Sequence[ProtocolLayer] = (),
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
-        from bridge.metrics import ViewMetrics
+        from bridge.view_metrics import ViewMetrics
         from bridge.views import ViewRegistry
 
         self.config = config or MeshConfig()

@@ -19,8 +19,8 @@ import grpc
 import prometheus_client
 import structlog
 
-from bridge.limits import peer_address
-from bridge.loopmetrics import LoopCounter
+from meshbridge.limits import peer_address
+from meshbridge.loopmetrics import LoopCounter
 
 log = structlog.get_logger("meshbridge.rpc")
 
@@ -34,7 +34,7 @@ class GrpcMetrics:
         self.handled = prometheus_client.Counter(
             "grpc_server_handled", "RPCs completed on the server, by status",
             (*_LABELS, "grpc_code"), registry=registry)
-        # Per message, on the loop thread: lock-free (bridge/loopmetrics.py).
+        # Per message, on the loop thread: lock-free (meshbridge/loopmetrics.py).
         self.msg_sent = LoopCounter(
             "grpc_server_msg_sent", "Stream messages sent by the server", _LABELS,
             registry=registry)

@@ -14,7 +14,7 @@ from typing import Any
 
 import prometheus_client
 
-from bridge.loopmetrics import LoopHistogram
+from meshbridge.loopmetrics import LoopHistogram
 
 # Change-to-convergence: from the View version a client must learn to the moment it is
 # caught up — written for Linkerd (no ACKs in its protocol), ACKed for xDS.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
+import importlib.util
 import json
 import signal
 import sys
@@ -19,32 +19,19 @@ from typing import Any
 
 import structlog
 
-from bridge import gctune
-from bridge.limits import Limits
-from bridge.log import configure_logging
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
-from bridge.ports import PortSpecError, parse_port_set
+from bridge.port_sets import PortSpecError, parse_port_set
 from h2grpc.limits import H2Limits, knobs
+from meshbridge import gctune, layers
+from meshbridge.limits import Limits
+from meshbridge.log import configure_logging
 
 log = structlog.get_logger("meshbridge.cli")
-
-# Subcommands contributed by the protocol layers and tools: name -> module exposing
-# `add_arguments(parser)` and `run(args) -> int`. Missing modules are simply absent.
-PLUGGABLE_COMMANDS: dict[str, tuple[str, str]] = {
-    "get": ("linkerd_api.client", "print what a destination Get stream says about a target"),
-    "profile": ("linkerd_api.profile_client", "print a destination GetProfile stream"),
-    "xds": ("xds_api.client", "print what an xDS (ADS) subscription receives"),
-    "compare": ("harness.compare", "run a comparison scenario over both protocols"),
-    "shadow": ("harness.shadow", "compare two control planes' answers continuously"),
-}
 
 # H2Limits fields set by Limits' own flags, and those that cannot be 0.
 _LIMITS_FLAGS = frozenset({"max_concurrent_streams", "max_message_bytes"})
 _POSITIVE = frozenset({"stream_window", "connection_window", "max_header_list", "window",
                        "read_slice", "write_high_water", "max_header_fields"})
-
-# Protocol layers that `serve` mounts on the shared gRPC port, in order.
-PROTOCOL_LAYERS = ("linkerd_api.service", "xds_api.service")
 
 
 def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,17 +77,10 @@ def mesh_config(args: argparse.Namespace) -> MeshConfig:
     )
 
 
-def _load_optional(module: str) -> object | None:
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and module.startswith(e.name):
-            return None
-        raise
+SERVE_HELP = "serve the destination API and xDS from one source"
 
 
-def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="serve the destination API and xDS from one source")
+def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", default="demo", help="demo | files:DIR | sim:FILE | kube")
     p.add_argument("--listen", default="0.0.0.0:8086", help="gRPC address for both APIs")
     p.add_argument("--admin", default="0.0.0.0:9996", help="admin HTTP address")
@@ -136,8 +116,7 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             h2.add_argument(flag, dest=f"h2_{name}", type=kind, default=default,
                             metavar="N", help=f"{help_text} (default {default})")
     add_mesh_arguments(p)
-    for module in PROTOCOL_LAYERS:
-        mod = _load_optional(module)
+    for mod in layers.layer_modules():
         add = getattr(mod, "add_arguments", None)
         if add is not None:
             add(p)
@@ -150,20 +129,14 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from bridge.app import App, ServeOptions, TlsFiles
     from bridge.sources import SourceSpecError, make_source
+    from meshbridge.app import App, ServeOptions, TlsFiles
 
     try:
         source = make_source(args.source, **_kube_options(args))
     except (SourceSpecError, ValueError) as e:
         log.error("bad --source", reason=str(e))
         return 2
-    layers = []
-    for module in PROTOCOL_LAYERS:
-        mod = _load_optional(module)
-        register = getattr(mod, "register", None)
-        if register is not None:
-            layers.append(register)
     if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
         log.error("--tls-cert and --tls-key go together; --client-ca needs both")
         return 2
@@ -177,7 +150,7 @@ async def _serve(args: argparse.Namespace) -> int:
                     args.max_streams_per_client, args.max_resource_names, h2=h2)
     app = App(source, mesh_config(args),
               ServeOptions(args.listen, args.admin, vars(args), limits, tls,
-                           args.grpc_transport), layers)
+                           args.grpc_transport), layers.protocol_layers())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -220,28 +193,39 @@ def _kube_options(args: argparse.Namespace) -> dict[str, object]:
             if getattr(args, k, None) is not None}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (every subcommand is listed)."""
     parser = argparse.ArgumentParser(
         prog="meshbridge",
         description="One Kubernetes endpoint truth, served over Linkerd's destination API "
                     "and Envoy's xDS.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_serve(sub)
-    for name, (module, help_text) in PLUGGABLE_COMMANDS.items():
-        mod = _load_optional(module)
+    serve = sub.add_parser("serve", help=SERVE_HELP)
+    if command == "serve":
+        _add_serve(serve)
+    for name, cmd in layers.COMMANDS.items():
+        if importlib.util.find_spec(cmd.module.split(".")[0]) is None:
+            continue  # that part of meshbridge is not installed
+        p = sub.add_parser(name, help=cmd.help)
+        if name != command:
+            continue
+        mod = layers.load_optional(cmd.module)
         if mod is None:
             continue
-        p = sub.add_parser(name, help=help_text)
-        add: Callable[[argparse.ArgumentParser], None] = mod.add_arguments  # type: ignore[attr-defined]
+        add: Callable[[argparse.ArgumentParser], None] = mod.add_arguments
         add(p)
-        p.set_defaults(func=mod.run)  # type: ignore[attr-defined]
+        p.set_defaults(func=mod.run)
     return parser
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    command = next((a for a in argv if not a.startswith("-")), None)
+    return build_parser(command).parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -20,13 +20,13 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridge.admin import Request, Response
 from bridge.authority import AuthorityError, parse_authority
 from bridge.model import FilterKey, ViewKey
+from meshbridge.admin import Request, Response
 
 if TYPE_CHECKING:
-    from bridge.app import App
     from bridge.views import View
+    from meshbridge.app import App
 
 Renderer = Callable[["View"], tuple[dict[str, dict[str, Any]], Any]]
 

@@ -1,0 +1,4 @@
+"""The meshbridge process: composition root, CLI, admin HTTP and debug pages, the
+gRPC port's guards and limits, logging, GC tuning, and the one list of protocol
+layers (`meshbridge.layers`). The protocol-neutral core is `bridge/`, the transport
+`h2grpc/`, the protocol layers `linkerd_api/` and `xds_api/`."""

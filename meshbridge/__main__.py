@@ -1,0 +1,7 @@
+"""`python -m meshbridge` is `meshbridge`."""
+
+import sys
+
+from meshbridge.cli import main
+
+sys.exit(main())

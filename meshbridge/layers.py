@@ -1,0 +1,63 @@
+"""The one list of what plugs into the process: the protocol layers `serve` mounts on
+the gRPC port, and the subcommands the protocols and tools contribute. The CLI, the
+tests, the benchmarks and the harness all load layers from here, so that adding a
+layer is one line.
+
+A layer module exposes `register(host, server)` and optionally
+`add_arguments(parser)`; a subcommand module exposes `add_arguments(parser)` and
+`run(args) -> int`. A module that is not installed is simply absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+# Protocol layers, in the order `serve` mounts them on the shared gRPC port.
+PROTOCOL_LAYERS: tuple[str, ...] = ("linkerd_api.service", "xds_api.service")
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    module: str
+    help: str
+
+
+# Subcommands besides `serve`, imported only when they run (or when their --help is
+# asked for).
+COMMANDS: dict[str, Command] = {
+    "get": Command("linkerd_api.client", "print what a destination Get stream says about a target"),
+    "profile": Command("linkerd_api.profile_client", "print a destination GetProfile stream"),
+    "xds": Command("xds_api.client", "print what an xDS (ADS) subscription receives"),
+    "compare": Command("harness.compare", "run a comparison scenario over both protocols"),
+    "shadow": Command("harness.shadow", "compare two control planes' answers continuously"),
+}
+
+
+def load_optional(module: str) -> ModuleType | None:
+    """The module, or None when it (not one of its imports) is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            return None
+        raise
+
+
+def layer_modules() -> list[ModuleType]:
+    return [m for m in map(load_optional, PROTOCOL_LAYERS) if m is not None]
+
+
+def protocol_layers() -> list[Any]:
+    """Every installed layer's `register`, in mount order."""
+    return [m.register for m in layer_modules()]
+
+
+def layer(module: str) -> Any:
+    """One layer's `register` by module name (tests mount a single layer)."""
+    mod = load_optional(module)
+    if mod is None:
+        raise LookupError(f"protocol layer {module} is not installed")
+    return mod.register
