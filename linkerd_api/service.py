@@ -97,7 +97,7 @@ def register(app: App, server: grpc.aio.Server) -> None:
     """Mount the destination service on the app's gRPC server."""
     service = DestinationService(app)
     server.add_generic_rpc_handlers((service.handler(),))
-    app.on_stop.append(service.stop)
+    app.on_stop(service.stop)
     app.renderers["linkerd"] = service.render_view
     _services[app] = service
 
@@ -106,7 +106,7 @@ def register(app: App, server: grpc.aio.Server) -> None:
         # let a stopped App (and its whole cluster cache) be freed.
         _services.pop(app, None)
 
-    app.on_stop.append(forget)
+    app.on_stop(forget)
 
 
 def service_of(app: App) -> DestinationService:

@@ -13,7 +13,7 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import prometheus_client
@@ -28,11 +28,14 @@ from h2grpc.server import tls_context
 from meshbridge import debug, h2metrics
 from meshbridge.admin import AdminServer, Request, Response
 from meshbridge.debug import Renderer
+from meshbridge.host import Host
 from meshbridge.limits import Limits
 from meshbridge.rpcguard import GrpcMetrics, RpcGuard
 from meshbridge.stream_registry import StreamRegistry
 
 log = structlog.get_logger("meshbridge.app")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,8 @@ class ServeOptions:
     tls: TlsFiles | None = None
     # "native": meshbridge's own gRPC server (h2grpc); "grpcio": grpc.aio's.
     grpc_transport: str = "native"
+    # Each layer's typed options (a dataclass of its own), found by type: Host.options_for.
+    layer_options: tuple[object, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +135,9 @@ class App:
         self.started_at = time.monotonic()
         self._source_task: asyncio.Task[None] | None = None
         # Shutdown hooks the protocol layers add (e.g. end every stream cleanly).
-        self.on_stop: list[Callable[[], None]] = []
+        self.stop_hooks: list[Callable[[], None]] = []
+        # Each layer's service, by name (Host.keep / Host.service).
+        self._services: dict[str, object] = {}
         # Every client stream, for /debug/streams; each protocol layer keeps its own.
         self.streams = StreamRegistry(self.metrics)
         # How each protocol layer encodes a View, for /debug/endpoints.
@@ -204,8 +211,9 @@ class App:
             # miss; grpc.aio lets in-flight RPCs finish within the grace.
             stopping = asyncio.ensure_future(self.grpc_server.stop(grace))
             await asyncio.sleep(0)  # one loop turn: the shutdown has begun
-        for hook in self.on_stop:
+        for hook in self.stop_hooks:
             hook()
+        self._services.clear()  # a stopped App and its cluster cache can be freed
         if stopping is not None:
             await stopping
         if self._source_task is not None:
@@ -213,6 +221,30 @@ class App:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._source_task
         await self.admin.stop()
+
+    # ------------------------------------------------------------------ Host
+
+    @property
+    def limits(self) -> Limits:
+        return self.options.limits
+
+    def options_for(self, kind: type[T]) -> T:
+        for value in self.options.layer_options:
+            if isinstance(value, kind):
+                return value
+        return kind()
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        self.stop_hooks.append(hook)
+
+    def add_renderer(self, name: str, renderer: Renderer) -> None:
+        self.renderers[name] = renderer
+
+    def keep(self, name: str, service: object) -> None:
+        self._services[name] = service
+
+    def service(self, name: str) -> Any:
+        return self._services[name]
 
     # ------------------------------------------------------------------ reporting
 
@@ -263,3 +295,8 @@ class App:
         if self.source.stale:
             return Response.text(503, f"not ready: source {self.source.name} is stale")
         return Response.text(200, "ready")
+
+
+def as_host(app: App) -> Host:
+    """The App is what every layer is given (checked by mypy here)."""
+    return app

@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def register(app: App, server: grpc.aio.Server) -> None:
     service = XdsService(app)
     server.add_generic_rpc_handlers(service.handlers())
-    app.on_stop.append(service.stop)
+    app.on_stop(service.stop)
     app.renderers["xds"] = service.render_view
     SERVICES[app] = service
 
@@ -72,7 +72,7 @@ def register(app: App, server: grpc.aio.Server) -> None:
         # let a stopped App (and its whole cluster cache) be freed.
         SERVICES.pop(app, None)
 
-    app.on_stop.append(forget)
+    app.on_stop(forget)
 
 
 # The xDS service of each running App, for tests, benchmarks and debug pages.
