@@ -148,9 +148,15 @@ async def _serve(args: argparse.Namespace) -> int:
         return 2
     limits = Limits(args.max_streams_per_connection, args.max_message_bytes,
                     args.max_streams_per_client, args.max_resource_names, h2=h2)
+    try:
+        layer_options = tuple(mod.options_from_args(args) for mod in layers.layer_modules()
+                              if hasattr(mod, "options_from_args"))
+    except ValueError as e:
+        log.error("bad protocol-layer option", reason=str(e))
+        return 2
     app = App(source, mesh_config(args),
               ServeOptions(args.listen, args.admin, vars(args), limits, tls,
-                           args.grpc_transport), layers.protocol_layers())
+                           args.grpc_transport, layer_options), layers.protocol_layers())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
