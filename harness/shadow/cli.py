@@ -6,9 +6,10 @@
 Subscribes to the same targets on both servers, as a proxy of that API would
 (`harness.shadow.sides`), normalises both answers to the same endpoint form and compares
 them continuously (`harness.shadow.model`), and reports a live table or one JSON object
-per event, then a summary (`harness.shadow.report`); `harness.shadow.session` is one run. The exit status is 0 only if every target agrees at
-the end: same endpoints, or differences that only the two documented Linkerd
-semantics explain ("semantics"; `--fail-on-semantics` counts those too).
+per event, then a summary (`harness.shadow.report`); `harness.shadow.session` is one
+run. The exit status is 0 only if every target agrees at the end: same endpoints, or
+differences that only the two documented Linkerd semantics explain ("semantics";
+`--fail-on-semantics` counts those too).
 """
 
 from __future__ import annotations

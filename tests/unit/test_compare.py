@@ -255,8 +255,8 @@ def test_the_live_view_shows_each_model_and_the_churn() -> None:
 
     from rich.console import Console
 
-    from harness.compare.views import LiveView
     from harness.compare.run import Run, ServerCounts
+    from harness.compare.views import LiveView
 
     cs = parse_compare_scenario(BASE + "clients: {linkerd: 2, sotw: 1, delta: 0}\n")
     view = LiveView(cs)
