@@ -3,7 +3,7 @@
     python -m bench.churn [--services 1000] [--endpoints 20] [--rate 50] [--clients 2000]
                           [--targets 2] [--duration 30] [--runs 3] [--json]
 
-Each run is one `meshbridge compare` run (harness/compare_run.py): meshbridge on the
+Each run is one `meshbridge compare` run (harness/compare/run.py): meshbridge on the
 sim source in this process, the measuring clients in a child process, an equal share
 of Linkerd Get, xDS SotW and xDS delta clients, each following `--targets` services
 picked at random. The churn is rolling restarts, scaling and a flapping pod, at
@@ -74,8 +74,9 @@ class _Quiet:
 
 
 async def one_run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from harness import compare_report, compare_run
-    from harness.compare_scenario import parse_compare_scenario
+    from harness.compare import report as compare_report
+    from harness.compare import run as compare_run
+    from harness.compare.scenario import parse_compare_scenario
 
     cs = parse_compare_scenario(scenario_yaml(args), "bench-churn")
     out.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,7 @@ def targets_of(index: int, services: int, targets: int) -> list[str]:
 
 
 async def run_client(args: argparse.Namespace) -> int:
-    from harness.compare_worker import ClaStates
+    from harness.compare.worker import ClaStates
 
     reader = await commands()
     states = ClaStates()

@@ -31,8 +31,8 @@ COMMANDS: dict[str, Command] = {
     "get": Command("linkerd_api.client", "print what a destination Get stream says about a target"),
     "profile": Command("linkerd_api.profile_client", "print a destination GetProfile stream"),
     "xds": Command("xds_api.client", "print what an xDS (ADS) subscription receives"),
-    "compare": Command("harness.compare", "run a comparison scenario over both protocols"),
-    "shadow": Command("harness.shadow", "compare two control planes' answers continuously"),
+    "compare": Command("harness.compare.cli", "run a comparison scenario over both protocols"),
+    "shadow": Command("harness.shadow.cli", "compare two control planes' answers continuously"),
 }
 
 

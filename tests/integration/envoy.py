@@ -1,11 +1,11 @@
-"""The tests' Envoy: harness.envoy's, with a node locality and info-level logs."""
+"""The tests' Envoy: harness.envoy_process's, with a node locality and info-level logs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from harness import envoy as _envoy
-from harness.envoy import XDS_CLUSTER, envoy_binary, stop_quietly
+from harness import envoy_process as _envoy
+from harness.envoy_process import XDS_CLUSTER, envoy_binary, stop_quietly
 
 __all__ = ["XDS_CLUSTER", "Envoy", "envoy_binary", "stop_quietly"]
 

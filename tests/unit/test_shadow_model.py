@@ -13,8 +13,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import any_pb2
 
 from harness.normalize import NormalEndpoint, carries_metadata, from_cla_as_envoy
-from harness.shadow import eds_name_template, read_targets
-from harness.shadow_model import (
+from harness.shadow.model import (
     ABSENT,
     CONVERGING,
     DIFFERS,
@@ -37,8 +36,9 @@ from harness.shadow_model import (
     Tracker,
     compare,
 )
-from harness.shadow_report import JsonReport, LinesReport, summarize
-from harness.shadow_sides import Backoff, eds_names
+from harness.shadow.report import JsonReport, LinesReport, summarize
+from harness.shadow.sides import Backoff, eds_names
+from harness.shadow.targets import eds_name_template, read_targets
 
 A = NormalEndpoint("10.0.0.1", 8080, 10000, "a.ns.serviceaccount.identity.linkerd.cluster.local",
                    "h2", 4143, "zone-a", "local")

@@ -24,9 +24,9 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.compare_run import Run, server_counts
-from harness.compare_scenario import CompareScenario
-from harness.envoy import XDS_CLUSTER, Envoy, envoy_binary
+from harness.compare.run import Run, server_counts
+from harness.compare.scenario import CompareScenario
+from harness.envoy_process import XDS_CLUSTER, Envoy, envoy_binary
 from meshbridge.app import App
 
 MAX_ENVOYS = 64
@@ -89,7 +89,7 @@ def _truth_addrs(run: Run) -> dict[str, set[tuple[str, int]]]:
 
 
 class EnvoyFleet:
-    """The `--envoy N` processes, as `compare_run.run`'s extra clients."""
+    """The `--envoy N` processes, as `harness.compare.run.run`'s extra clients."""
 
     def __init__(self, n: int, cs: CompareScenario, out: Path, binary: str) -> None:
         self.cs = cs

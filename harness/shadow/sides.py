@@ -30,7 +30,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from harness.clients import ADS_SOTW, LinkerdClient, Received, XdsClient
 from harness.normalize import State, carries_metadata, from_cla_as_envoy
-from harness.shadow_model import (
+from harness.shadow.model import (
     ABSENT,
     ALL_FIELDS,
     EMPTY,

@@ -1,6 +1,6 @@
 """The measuring clients of `meshbridge compare`, in a process of their own.
 
-`python -m harness.compare_worker CONFIG.json` runs them so that the server's CPU
+`python -m harness.compare.worker CONFIG.json` runs them so that the server's CPU
 seconds and memory are the server's alone. It talks to its parent in JSON lines:
 
     stdin   {"cmd": "connect", "model": "linkerd"}   open that model's clients, wait
@@ -268,7 +268,7 @@ async def main_async(config_path: Path) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m harness.compare_worker CONFIG.json", file=sys.stderr)
+        print("usage: python -m harness.compare.worker CONFIG.json", file=sys.stderr)
         return 2
     return asyncio.run(main_async(Path(argv[0])))
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from harness.shadow_model import (
+from harness.shadow.model import (
     AGREEING,
     CONVERGING,
     DIFFERS,

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from harness.shadow import add_arguments, run_shadow
+from harness.shadow.cli import add_arguments, run_shadow
 
 DOMAIN = "svc.cluster.local"
 WEB = f"web.emojivoto.{DOMAIN}:80"

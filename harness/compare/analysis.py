@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.compare_truth import INITIAL, Emission, TruthVersion
+from harness.compare.truth import INITIAL, Emission, TruthVersion
 
 # One decoded message, as the worker records it.
 Record = Sequence[Any]  # [model, client, at_ns, size, kind, [[target, digest], ...]]

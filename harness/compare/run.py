@@ -33,9 +33,9 @@ import structlog
 
 from bridge.model import MeshConfig
 from bridge.sources.sim import SimSource
-from harness.compare_scenario import MODELS, CompareScenario
-from harness.compare_truth import TruthRecorder
-from harness.compare_wire import CountingServer, WireCounter
+from harness.compare.scenario import MODELS, CompareScenario
+from harness.compare.truth import TruthRecorder
+from harness.compare.wire import CountingServer, WireCounter
 from meshbridge import gctune
 from meshbridge.app import App, ProtocolLayer, ServeOptions
 from meshbridge.layers import PROTOCOL_LAYERS, load_optional
@@ -116,7 +116,7 @@ class Run:
     live_server: dict[str, ServerCounts] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     grpc_port: int = 0
-    # Filled in by the report and by optional parts (Envoy): see compare_report.
+    # Filled in by the report and by optional parts (Envoy): see harness.compare.report.
     kube: Any = None
     analysed: Any = None
     extra_figures: dict[str, Any] = field(default_factory=dict)
@@ -196,7 +196,7 @@ def server_counts(app: App, wire: WireCounter | None = None) -> dict[str, Server
 
 
 def _xds_model(node_id: str) -> str | None:
-    # Node ids are compare-<model>-<index> (see compare_worker and compare_envoy).
+    # Node ids are compare-<model>-<index> (see harness.compare.worker and .envoy_fleet).
     parts = node_id.split("-")
     if len(parts) >= 3 and parts[0] == "compare":
         return parts[1]
@@ -219,7 +219,7 @@ class WorkerProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         with stderr.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "harness.compare_worker", str(config),
+                sys.executable, "-m", "harness.compare.worker", str(config),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err,
                 env=env)
         return cls(proc)
