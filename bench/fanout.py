@@ -248,9 +248,7 @@ def idle_check(app: Any, protocol: str) -> Any:
     """True when the server has nothing left to do for the streams: every xDS
     response ACKed, every Linkerd queue empty."""
     if protocol == "get":
-        from linkerd_api.service import service_of
-
-        streams = service_of(app).streams
+        streams = app.service("linkerd").streams
         return lambda: all(len(q) == 0 for q in streams)
     from xds_api import resource_types as rt
     from xds_api import service as xds_service

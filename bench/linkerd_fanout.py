@@ -263,7 +263,7 @@ async def measure_meshbridge(args: argparse.Namespace) -> dict[str, Any]:
     app = App(StaticSource(args.endpoints), None,
               ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), [linkerd.register])
     await app.start()
-    service = linkerd.service_of(app)
+    service = app.service("linkerd")
     encodings = 0
     for name in ("add", "remove"):
         real = getattr(service.translator, name)

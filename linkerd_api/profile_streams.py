@@ -146,7 +146,7 @@ def instance_ip(cluster: Cluster, service: ServiceKey, instance: str) -> str:
 
 
 class ProfileRegistry:
-    """Every profile publication of one app; listens to the Cluster."""
+    """Every profile publication of one host; listens to the Cluster until closed."""
 
     def __init__(self, cluster: Cluster, config: MeshConfig, translator: Translator,
                  semantics: Semantics) -> None:
@@ -155,10 +155,14 @@ class ProfileRegistry:
         self.translator = translator
         self.semantics = semantics
         self.publications: dict[ProfileKey, Publication] = {}
+        self.closed = False
         cluster.add_listener(self._on_cluster_change)
 
     def close(self) -> None:
-        self.cluster.remove_listener(self._on_cluster_change)
+        """Stop listening to the Cluster (the layer's stop hook); idempotent."""
+        if not self.closed:
+            self.closed = True
+            self.cluster.remove_listener(self._on_cluster_change)
 
     # ------------------------------------------------------------- subscriptions
 

@@ -8,12 +8,18 @@ peer, and runs each stream's writer. What to send comes from `endpoint_streams` 
 
 Responses are written as pre-encoded bytes (the method handlers have no serializer):
 a View change is serialized once, then the same bytes go to every stream.
+
+The layer is given a `meshbridge.host.Host`, never the App: `register(host, server)`
+reads its `LinkerdOptions` from the host, keeps its service there as "linkerd"
+(`app.service("linkerd")`) and hangs its stop hook and renderer on it.
 """
 
 from __future__ import annotations
 
 import argparse
-import weakref
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -51,7 +57,7 @@ from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.queue import UpdateQueue
 from linkerd_api.render import to_dict
 from linkerd_api.translate import Translator, address_text, ready_endpoints
-from meshbridge.app import App
+from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
 
 log = structlog.get_logger("meshbridge.linkerd")
@@ -67,7 +73,27 @@ STATUS_OF: dict[type[DestinationError], grpc.StatusCode] = {
     AmbiguousAddress: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
-_services: weakref.WeakKeyDictionary[App, DestinationService] = weakref.WeakKeyDictionary()
+# A real linkerd2-proxy retries a refused Get with backoff for as long as its balancer
+# lives, so a NOT_FOUND is logged once per target per window; every refusal is still
+# counted in destination_requests_refused_total{code="NOT_FOUND"}.
+NOT_FOUND_LOG_WINDOW = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class LinkerdOptions:
+    """The layer's options (`--destination-semantics`, `--stream-queue-capacity`)."""
+
+    semantics: Semantics = "proto"
+    stream_queue_capacity: int = DEFAULT_STREAM_QUEUE_CAPACITY
+
+    def __post_init__(self) -> None:
+        if self.semantics not in SEMANTICS:
+            raise ValueError(f"destination semantics {self.semantics!r}: expected one of "
+                             f"{', '.join(SEMANTICS)}")
+        capacity: object = self.stream_queue_capacity
+        # bool is an int to Python, and "9" may come from an untyped caller.
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ValueError(f"stream queue capacity {capacity!r}: must be at least 1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,51 +119,35 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def register(app: App, server: grpc.aio.Server) -> None:
-    """Mount the destination service on the app's gRPC server."""
-    service = DestinationService(app)
+def options_from_args(args: argparse.Namespace) -> LinkerdOptions:
+    """The layer's options from its flags (see `add_arguments`)."""
+    return LinkerdOptions(args.destination_semantics, args.stream_queue_capacity)
+
+
+def register(host: Host, server: grpc.aio.Server) -> None:
+    """Mount the destination service on the host's gRPC server."""
+    service = DestinationService(host, host.options_for(LinkerdOptions))
     server.add_generic_rpc_handlers((service.handler(),))
-    app.on_stop(service.stop)
-    app.renderers["linkerd"] = service.render_view
-    _services[app] = service
-
-    def forget() -> None:
-        # The entry's value refers to its key, so the weak key alone would never
-        # let a stopped App (and its whole cluster cache) be freed.
-        _services.pop(app, None)
-
-    app.on_stop(forget)
-
-
-def service_of(app: App) -> DestinationService:
-    """The destination service registered on `app` (for tests and tools)."""
-    return _services[app]
+    host.on_stop(service.stop)
+    host.add_renderer("linkerd", service.render_view)
+    host.keep("linkerd", service)
 
 
 class DestinationService:
-    def __init__(self, app: App) -> None:
-        extra = app.options.extra
-        semantics = extra.get("destination_semantics")
-        semantics = "proto" if semantics is None else semantics
-        if semantics not in SEMANTICS:
-            raise ValueError(f"destination semantics {semantics!r}: expected one of "
-                             f"{', '.join(SEMANTICS)}")
-        capacity = extra.get("stream_queue_capacity")
-        capacity = DEFAULT_STREAM_QUEUE_CAPACITY if capacity is None else capacity
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-            raise ValueError(f"stream queue capacity {capacity!r}: must be at least 1")
-        self.app = app
-        self.cluster = app.cluster
-        self.config = app.config
-        self.semantics: Semantics = semantics
-        self.capacity = capacity
-        self.translator = Translator(app.config)
-        self.encoder = UpdateEncoder(app.cluster, self.translator, self.semantics)
-        self.profiles = ProfileRegistry(app.cluster, app.config, self.translator,
+    def __init__(self, host: Host, options: LinkerdOptions) -> None:
+        self.host = host
+        self.cluster = host.cluster
+        self.config = host.config
+        self.semantics: Semantics = options.semantics
+        self.capacity = options.stream_queue_capacity
+        self.translator = Translator(host.config)
+        self.encoder = UpdateEncoder(host.cluster, self.translator, self.semantics)
+        self.profiles = ProfileRegistry(host.cluster, host.config, self.translator,
                                         self.semantics)
         self.streams: set[UpdateQueue] = set()
         self.stopping = False
-        registry = app.metrics
+        self.not_found_log = RepeatLog(NOT_FOUND_LOG_WINDOW)
+        registry = host.metrics
         self.endpoint_overflows = prometheus_client.Counter(
             "endpoint_updates_queue_overflow",
             "Get streams ended because their update queue was full", ["service"],
@@ -167,10 +177,12 @@ class DestinationService:
         })
 
     def stop(self) -> None:
-        """End every stream with status OK; proxies reconnect elsewhere."""
+        """End every stream with status OK; proxies reconnect elsewhere. The profile
+        registry stops listening to the cluster."""
         self.stopping = True
         for stream in list(self.streams):
             stream.end()
+        self.profiles.close()
 
     # ------------------------------------------------------------------ Get
 
@@ -186,7 +198,7 @@ class DestinationService:
             stream = EndpointStream(self.capacity, self.encoder, key, label, peer,
                                     self._endpoint_overflow)
             try:
-                view = self.app.views.subscribe(key, stream, "linkerd")
+                view = self.host.views.subscribe(key, stream, "linkerd")
             except InvalidService as e:
                 raise BadRequest(f"Invalid authority: {path}: {e}") from None
         except DestinationError as e:
@@ -197,7 +209,7 @@ class DestinationService:
                 stream.push(message)
             await self._pump("Get", stream, stream.label, request, context)
         finally:
-            self.app.views.unsubscribe(key, stream)
+            self.host.views.unsubscribe(key, stream)
 
     def _endpoint_key(self, path: str, token: ContextToken, peer: str) -> ViewKey:
         """Get's request checks, in Linkerd's order (spec §2.4)."""
@@ -224,7 +236,7 @@ class DestinationService:
         log.warning("endpoint update queue full; ending stream", peer=stream.peer,
                     namespace=stream.key.service.namespace, service=stream.key.service.name,
                     port=stream.key.port, capacity=self.capacity)
-        self.app.views.unsubscribe(stream.key, stream)
+        self.host.views.unsubscribe(stream.key, stream)
 
     # ------------------------------------------------------------------ GetProfile
 
@@ -317,7 +329,7 @@ class DestinationService:
         """Write the stream's queue until it ends; returning ends the RPC with OK."""
         if self.stopping:
             return
-        info = self.app.streams.add(StreamInfo(
+        info = self.host.streams.add(StreamInfo(
             "linkerd-get" if method == "Get" else "linkerd-profile", context.peer(),
             client=request.context_token.strip()[:500]))
         info.state(target).subscribed = (request.path,)
@@ -335,7 +347,7 @@ class DestinationService:
         finally:
             gauge.dec()
             self.streams.discard(stream)
-            self.app.streams.remove(info)
+            self.host.streams.remove(info)
 
     def _token(self, request: dst.GetDestination, peer: str, method: str) -> ContextToken:
         token = parse_context_token(request.context_token)
@@ -362,9 +374,55 @@ class DestinationService:
                       peer: str, path: str, error: DestinationError) -> None:
         code = STATUS_OF[type(error)]
         self.refused.labels(method, code.name).inc()
+        fields: dict[str, object] = {}
+        if code is grpc.StatusCode.NOT_FOUND:
+            # Proxies retry a missing target for as long as they want it: say so once
+            # per window, with how many repeats went unlogged since the last line.
+            repeats = self.not_found_log.admit((method, path[:300]))
+            if repeats is None:
+                await context.abort(code, str(error))
+                return
+            fields["unlogged_repeats"] = repeats
         log.warning("destination request refused", method=method, peer=peer,
-                    authority=path[:300], code=code.name, reason=str(error))
+                    authority=path[:300], code=code.name, reason=str(error), **fields)
         await context.abort(code, str(error))
+
+
+class RepeatLog:
+    """Which repeated events to log: the first of a key, then one per `window` seconds.
+
+    Bounded: past `max_keys` keys still inside their window, a new key is logged but
+    not remembered (each line is still one request, as without this filter).
+    """
+
+    __slots__ = ("clock", "max_keys", "seen", "window")
+
+    def __init__(self, window: float, max_keys: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self.max_keys = max_keys
+        self.clock = clock
+        # key -> (when it was last logged, repeats not logged since)
+        self.seen: dict[object, tuple[float, int]] = {}
+
+    def admit(self, key: object) -> int | None:
+        """None: do not log this one. Otherwise log it, and the int is how many
+        repeats of `key` were not logged since its last line."""
+        now = self.clock()
+        last = self.seen.get(key)
+        if last is not None and now - last[0] < self.window:
+            self.seen[key] = (last[0], last[1] + 1)
+            return None
+        if last is None and len(self.seen) >= self.max_keys:
+            self._forget_older_than(now - self.window)
+            if len(self.seen) >= self.max_keys:
+                return 0
+        self.seen[key] = (now, 0)
+        return 0 if last is None else last[1]
+
+    def _forget_older_than(self, cutoff: float) -> None:
+        for key in [k for k, (at, _) in self.seen.items() if at <= cutoff]:
+            del self.seen[key]
 
 
 def _target(key: ProfileKey) -> str:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.integration.test_linkerd_support import DEADLINE, edit
+from tests.integration.linkerd_support import DEADLINE, edit
 
 AppFactory = Any
 WEB = "web.emojivoto.svc.cluster.local:80"

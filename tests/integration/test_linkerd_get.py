@@ -15,8 +15,9 @@ import pytest
 import structlog
 
 from bridge.model import MeshConfig
-from linkerd_api.service import service_of
-from tests.integration.test_linkerd_support import (
+from linkerd_api.endpoint_streams import Semantics
+from linkerd_api.service import LinkerdOptions
+from tests.integration.linkerd_support import (
     Stream,
     addrs,
     by_addr,
@@ -204,15 +205,33 @@ async def test_proto_semantics_answer_a_missing_service_and_keep_the_stream_open
 
 async def test_linkerd_2_20_semantics_refuse_a_missing_service(
         make_app: AppFactory, demo_dir: Path) -> None:
-    app = await make_app(demo_dir, destination_semantics="linkerd-2.20")
+    app = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics="linkerd-2.20"),))
     async with channel_to(app) as ch:
         code, details = await Stream(ch, "Get", "nope.shop.svc.cluster.local:80").error()
     assert (code, details) == (grpc.StatusCode.NOT_FOUND, "Service nope.shop not found")
 
 
+async def test_a_missing_service_retried_by_a_proxy_is_logged_once_and_counted_every_time(
+        make_app: AppFactory, demo_dir: Path) -> None:
+    app = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics="linkerd-2.20"),))
+    async with channel_to(app) as ch:
+        with structlog.testing.capture_logs() as logs:
+            # A linkerd2-proxy's balancer asks again and again (with backoff).
+            for _ in range(5):
+                code, _ = await Stream(ch, "Get", "nope.shop.svc.cluster.local:80").error()
+                assert code == grpc.StatusCode.NOT_FOUND
+            await Stream(ch, "Get", "gone.shop.svc.cluster.local:80").error()
+    refusals = [e for e in logs if e["event"] == "destination request refused"]
+    assert [e["authority"] for e in refusals] == ["nope.shop.svc.cluster.local:80",
+                                                  "gone.shop.svc.cluster.local:80"]
+    assert all(e["unlogged_repeats"] == 0 for e in refusals)
+    assert metric(app, "destination_requests_refused_total",
+                  {"method": "Get", "code": "NOT_FOUND"}) == 6
+
+
 async def test_linkerd_2_20_semantics_say_nothing_about_an_empty_service(
         make_app: AppFactory, demo_dir: Path) -> None:
-    app = await make_app(demo_dir, destination_semantics="linkerd-2.20")
+    app = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics="linkerd-2.20"),))
     async with channel_to(app) as ch:
         stream = Stream(ch, "Get", "reports.legacy.svc.cluster.local:8080")
         await _until_subscribed(app, 1)
@@ -234,8 +253,8 @@ async def test_linkerd_2_20_semantics_say_nothing_about_an_empty_service(
                                   "10.244.2.60:8080"])]),
 ])
 async def test_a_deleted_service_is_removed_and_its_stream_stays_open(
-        make_app: AppFactory, demo_dir: Path, semantics: str, gone: Any) -> None:
-    app = await make_app(demo_dir, destination_semantics=semantics)
+        make_app: AppFactory, demo_dir: Path, semantics: Semantics, gone: Any) -> None:
+    app = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics=semantics),))
     async with channel_to(app) as ch:
         stream = Stream(ch, "Get", "billing.legacy.svc.cluster.local:80")
         assert len((await stream.next()).add.addrs) == 3
@@ -301,7 +320,7 @@ async def test_a_reconnecting_client_gets_the_whole_current_set_first(
 async def test_every_stream_of_a_view_gets_one_encoding_of_a_change(
         make_app: AppFactory, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     app = await make_app(demo_dir)
-    translator = service_of(app).translator
+    translator = app.service("linkerd").translator
     calls: list[int] = []
     real_remove = translator.remove
 
@@ -343,7 +362,7 @@ async def test_a_client_that_stops_reading_is_cut_off_and_others_keep_receiving(
         make_app: AppFactory, demo_dir: Path) -> None:
     big = "big.shop.svc.cluster.local:80"
     _big_service(demo_dir, 300, 0)
-    app = await make_app(demo_dir, stream_queue_capacity=2)
+    app = await make_app(demo_dir, layer_options=(LinkerdOptions(stream_queue_capacity=2),))
     counter = ("endpoint_updates_queue_overflow_total", {"service": big})
     # The stalled client's transport stops taking data once its small HTTP/2 window
     # is full (no BDP probing to grow it); then the server's writes block and the

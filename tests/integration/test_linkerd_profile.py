@@ -13,7 +13,7 @@ import structlog
 
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import address_text
-from tests.integration.test_linkerd_support import (
+from tests.integration.linkerd_support import (
     Stream,
     channel_to,
     edit,

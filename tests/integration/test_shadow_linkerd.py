@@ -21,7 +21,9 @@ import grpc
 import pytest
 
 from bridge.model import MeshConfig, ServiceKey
+from linkerd_api.endpoint_streams import Semantics
 from linkerd_api.proto import destination_pb2
+from linkerd_api.service import LinkerdOptions
 from meshbridge.app import App
 from meshbridge.layers import layer
 from tests.conftest import AppFactory
@@ -188,14 +190,14 @@ def copy(folder: Path, to: Path) -> Path:
 
 @pytest.mark.parametrize("semantics", ["proto", "linkerd-2.20"])
 async def test_reports_exactly_the_planted_differences_and_their_removal(
-        make_app: AppFactory, demo_dir: Path, tmp_path: Path, semantics: str) -> None:
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path, semantics: Semantics) -> None:
     linkerd_layer()
     theirs_dir = copy(demo_dir, tmp_path / "theirs")
     planted_ep = plant_identity(theirs_dir)
     extra_ep = plant_extra_endpoint(theirs_dir)
     plant_missing_service(theirs_dir)
-    ours = await make_app(demo_dir, destination_semantics=semantics)
-    theirs = await make_app(theirs_dir, destination_semantics=semantics)
+    ours = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics=semantics),))
+    theirs = await make_app(theirs_dir, layer_options=(LinkerdOptions(semantics=semantics),))
     run = ShadowRun("--api", "linkerd", "--ours", addr(ours), "--theirs", addr(theirs),
                     "--all")
     latest = await run.until(run.settled, "every target compared")
@@ -245,8 +247,8 @@ async def test_a_changed_weight_is_reported_on_exactly_the_weighted_endpoints(
 async def test_two_semantics_modes_differ_only_in_semantics(
         make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
     linkerd_layer()
-    ours = await make_app(demo_dir, destination_semantics="proto")
-    theirs = await make_app(demo_dir, destination_semantics="linkerd-2.20")
+    ours = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics="proto"),))
+    theirs = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics="linkerd-2.20"),))
     names = [ours.authority(*_split(svc)) for svc in ours.service_port_summary()]
     targets = tmp_path / "targets"
     targets.write_text("\n".join([*names, NOSUCH, MAIL]) + "\n")

@@ -11,7 +11,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from linkerd_api.proto import destination_pb2
 from tests.conftest import AppFactory
-from tests.integration.test_linkerd_support import metric
+from tests.integration.linkerd_support import metric
 
 WEB = "web.emojivoto.svc.cluster.local:80"
 GET = "/io.linkerd.proxy.destination.Destination/Get"
