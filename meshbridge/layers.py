@@ -16,7 +16,8 @@ from types import ModuleType
 from typing import Any
 
 # Protocol layers, in the order `serve` mounts them on the shared gRPC port.
-PROTOCOL_LAYERS: tuple[str, ...] = ("linkerd_api.service", "xds_api.service")
+PROTOCOL_LAYERS: tuple[str, ...] = (
+    "linkerd_api.service", "linkerd_api.identity", "xds_api.service")
 
 
 @dataclass(frozen=True, slots=True)

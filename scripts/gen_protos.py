@@ -29,9 +29,10 @@ PROTO_DIR = REPO_ROOT / "linkerd_api" / "proto"
 PACKAGE = "linkerd_api.proto"
 
 # Every .proto we compile, in a fixed order.
-PROTOS: tuple[str, ...] = ("destination.proto", "http_types.proto", "meta.proto", "net.proto")
+PROTOS: tuple[str, ...] = ("destination.proto", "http_types.proto", "identity.proto",
+                           "meta.proto", "net.proto")
 # Only these define services, so only these get a *_pb2_grpc.py.
-GRPC_PROTOS: tuple[str, ...] = ("destination.proto",)
+GRPC_PROTOS: tuple[str, ...] = ("destination.proto", "identity.proto")
 
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
