@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from bridge.cluster import Cluster, ClusterChange, PodKey
+from bridge.cluster import Cluster, ClusterChange, ListenerStage, PodKey
 from bridge.enrich import EnrichError
 from bridge.model import MeshConfig, ServiceKey
 from bridge.objects import Pod, ServiceProfile
@@ -155,7 +155,7 @@ class ProfileRegistry:
         self.translator = translator
         self.semantics = semantics
         self.publications: dict[ProfileKey, Publication] = {}
-        cluster.add_listener(self._on_cluster_change)
+        cluster.add_listener(self._on_cluster_change, ListenerStage.PROFILES)
 
     def close(self) -> None:
         self.cluster.remove_listener(self._on_cluster_change)

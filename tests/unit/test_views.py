@@ -259,7 +259,7 @@ def test_a_changed_endpoint_is_re_added_and_a_vanished_one_removed() -> None:
          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
     (change,) = rec.changes
     assert [r.endpoint.ip for r in change.added] == ["10.0.0.1"]
-    assert "other.app.serviceaccount" in change.added[0].endpoint.identity
+    assert "other.app.serviceaccount" in change.added[0].endpoint.enrichment.identity
     assert [r.endpoint.ip for r in change.removed] == ["10.0.0.2"]
 
 
@@ -314,9 +314,9 @@ def test_address_endpoints_without_a_pod_are_named_after_the_address() -> None:
     view, _ = watch(reg)
     (r,) = view.snapshot.values()
     assert r.id.kind == "address" and r.id.name == "web-192.0.2.7-8080"
-    assert r.endpoint.identity == "gw.id"
-    assert r.endpoint.authority_override == "web.app.svc.east:80"
-    assert r.endpoint.hint is not None and r.endpoint.hint.h2
+    assert r.endpoint.enrichment.identity == "gw.id"
+    assert r.endpoint.enrichment.authority_override == "web.app.svc.east:80"
+    assert r.endpoint.enrichment.hint is not None and r.endpoint.enrichment.hint.h2
 
 
 def test_view_metrics_follow_subscribers_versions_and_size() -> None:
@@ -360,12 +360,13 @@ def test_a_server_added_later_re_enriches_endpoints_it_selects() -> None:
          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
     view, rec = watch(reg)
     (r,) = view.snapshot.values()
-    assert r.endpoint.hint is not None and not r.endpoint.hint.opaque
+    assert r.endpoint.enrichment.hint is not None and not r.endpoint.enrichment.hint.opaque
     load(cluster, {"kind": "Server", "metadata": {"name": "s", "namespace": "app"},
                    "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": 8080,
                             "proxyProtocol": "opaque"}})
     (change,) = rec.changes
-    assert change.added[0].endpoint.hint is not None and change.added[0].endpoint.hint.opaque
+    hint = change.added[0].endpoint.enrichment.hint
+    assert hint is not None and hint.opaque
 
 
 def test_a_pod_in_two_services_stays_indexed_until_its_last_slice_goes() -> None:
