@@ -22,8 +22,20 @@ class AuthorityError(ValueError):
     """The authority names no service port; the message says why."""
 
 
-def split_host_port(authority: str, default_port: int | None = 80) -> tuple[str, int]:
-    """Split `host[:port]` (IPv6 hosts in brackets); the port must be 1..65535."""
+def format_authority(service: ServiceKey, port: int, cluster_domain: str,
+                     instance: str = "") -> str:
+    """The one spelling of a service port's name: `<svc>.<ns>.svc.<domain>:<port>`, or
+    `<instance>.<svc>.<ns>.svc.<domain>:<port>` for one StatefulSet pod. Every name the
+    process writes comes from here, so `parse_authority` reads back what it wrote."""
+    host = f"{service.name}.{service.namespace}.svc.{cluster_domain}"
+    if instance:
+        host = f"{instance}.{host}"
+    return f"{host}:{port}"
+
+
+def split_authority(authority: str, default_port: int | None = 80) -> tuple[str, int]:
+    """Split an authority's `host[:port]` (IPv6 hosts in brackets); the port must be
+    1..65535. A listen address (`:8086`, port 0) is not an authority."""
     if not authority:
         raise AuthorityError("empty authority")
     if len(authority) > MAX_AUTHORITY:
@@ -84,7 +96,7 @@ def parse_authority(
     authority: str, cluster_domain: str, default_port: int | None = 80
 ) -> ViewKey:
     """The View an authority names, with an unfiltered key (no subscriber node)."""
-    host, port = split_host_port(authority, default_port)
+    host, port = split_authority(authority, default_port)
     if is_ip(host):
         raise AuthorityError(f"IP address {host} is not a service name")
     service, instance = parse_service_host(host, cluster_domain)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from bridge.model import ServiceKey
@@ -65,8 +65,29 @@ class ClusterChange:
             self.all_services or service in self.services or service.namespace in self.namespaces
         )
 
+    def touched(self, among: Collection[ServiceKey]) -> list[ServiceKey]:
+        """The services of `among` that this change touches (`touches`), without
+        looking at every one of them when the change names its services."""
+        if self.all_services or self.namespaces:
+            return [s for s in among if self.touches(s)]
+        return [s for s in self.services if s in among]
+
 
 Listener = Callable[[ClusterChange], None]
+
+
+class ListenerStage(enum.IntEnum):
+    """When a listener hears of a change: every listener of an earlier stage has
+    handled the change before any of a later one is called, so a later stage may read
+    what an earlier one derived from the same change. Listeners of one stage must not
+    depend on each other (they run in the order they were added)."""
+
+    # bridge.views: the merged, enriched, filtered endpoint views.
+    VIEWS = 0
+    # A protocol layer's per-service state that may read the views (xDS CDS/LDS/RDS).
+    RESOURCES = 1
+    # Linkerd's service and endpoint profiles.
+    PROFILES = 2
 
 
 class Cluster:
@@ -91,16 +112,23 @@ class Cluster:
         self.servers: defaultdict[str, dict[str, Server]] = defaultdict(dict)
         self.profiles: dict[tuple[str, str], ServiceProfile] = {}
         self.namespaces: dict[str, Namespace] = {}
-        self._listeners: list[Listener] = []
+        self._listeners: list[tuple[ListenerStage, Listener]] = []
         self.generation = 0  # bumped on every batch that changed something
 
     # ------------------------------------------------------------------ listening
 
-    def add_listener(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+    def add_listener(self, listener: Listener, stage: ListenerStage) -> None:
+        """Call `listener` once per batch that changed something, in `stage`."""
+        self._listeners.append((stage, listener))
+        # Stable: one stage keeps the order its listeners were added in.
+        self._listeners.sort(key=lambda entry: entry[0])
 
     def remove_listener(self, listener: Listener) -> None:
-        self._listeners.remove(listener)
+        for i, (_, known) in enumerate(self._listeners):
+            if known == listener:
+                del self._listeners[i]
+                return
+        raise ValueError(f"{listener!r} is not listening")
 
     # ------------------------------------------------------------------ reading
 
@@ -159,7 +187,7 @@ class Cluster:
                 self._upsert(ev.obj, change)
         if change:
             self.generation += 1
-            for listener in list(self._listeners):
+            for _, listener in list(self._listeners):
                 listener(change)
         return change
 

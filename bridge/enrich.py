@@ -8,10 +8,8 @@ into endpoint metadata.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from bridge.cluster import Cluster
-from bridge.model import EndpointId, MeshConfig, ProtocolHint
+from bridge.model import EndpointId, Enrichment, MeshConfig, ProtocolHint
 from bridge.objects import EndpointSlice, Pod, Server, SliceEndpoint
 from bridge.port_sets import PortSpecError, parse_port_set, port_of_listen_addr
 
@@ -31,19 +29,6 @@ _GRANDPARENT_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "Job"}
 
 class EnrichError(ValueError):
     """This endpoint cannot be served as Linkerd would; it is logged and skipped."""
-
-
-@dataclass(frozen=True, slots=True)
-class Enrichment:
-    identity: str = ""
-    server_name: str = ""
-    hint: ProtocolHint | None = None
-    meshed_http2: bool = False
-    opaque: bool = False
-    authority_override: str = ""
-    owner_kind: str = ""
-    owner_name: str = ""
-    metric_labels: tuple[tuple[str, str], ...] = ()
 
 
 def resolve_owner(pod: Pod, cluster: Cluster) -> tuple[str, str]:

@@ -53,10 +53,11 @@ class ViewKey:
     filter: FilterKey = field(default_factory=FilterKey)
 
     def authority(self, cluster_domain: str) -> str:
-        host = f"{self.service.name}.{self.service.namespace}.svc.{cluster_domain}"
-        if self.filter.hostname:
-            host = f"{self.filter.hostname}.{host}"
-        return f"{host}:{self.port}"
+        """The one name of this View (`bridge.authority.format_authority`)."""
+        # bridge.authority reads this module's types, so it is imported here, not above.
+        from bridge.authority import format_authority
+
+        return format_authority(self.service, self.port, cluster_domain, self.filter.hostname)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -83,6 +84,25 @@ class ProtocolHint:
 
 
 @dataclass(frozen=True, slots=True)
+class Enrichment:
+    """What Linkerd adds to an address (bridge.enrich), protocol-neutral: the Linkerd
+    layer encodes it natively, the xDS layer carries it as endpoint metadata."""
+
+    identity: str = ""
+    server_name: str = ""
+    hint: ProtocolHint | None = None
+    meshed_http2: bool = False
+    opaque: bool = False
+    authority_override: str = ""
+    owner_kind: str = ""
+    owner_name: str = ""
+    metric_labels: tuple[tuple[str, str], ...] = ()
+
+
+NO_ENRICHMENT = Enrichment()
+
+
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     """One address of one service port, merged across slices and enriched once.
 
@@ -103,17 +123,7 @@ class Endpoint:
     for_zones: frozenset[str] | None = None
     pod_name: str = ""
     pod_resource_version: str = ""
-    # Linkerd enrichment, protocol-neutral: the Linkerd layer encodes it natively,
-    # the xDS layer carries it as endpoint metadata.
-    identity: str = ""
-    server_name: str = ""
-    hint: ProtocolHint | None = None
-    meshed_http2: bool = False
-    opaque: bool = False
-    authority_override: str = ""
-    owner_kind: str = ""
-    owner_name: str = ""
-    metric_labels: tuple[tuple[str, str], ...] = ()
+    enrichment: Enrichment = NO_ENRICHMENT
 
     @property
     def family(self) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import prometheus_client
 
 if TYPE_CHECKING:
-    from bridge.views import View
+    from bridge.views.view import View
 
 _LABELS = ("cluster", "namespace", "service", "port", "hostname", "nodename")
 

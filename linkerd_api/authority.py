@@ -69,7 +69,7 @@ def normalise_ip(text: str) -> str | None:
 def split_host_port(path: str) -> HostPort:
     """Split an authority as Linkerd's getHostAndPort does: no port means 80; an IPv6
     host needs brackets; the port is a number in 1..65535."""
-    host, port = core.split_host_port(path, default_port=DEFAULT_PORT)
+    host, port = core.split_authority(path, default_port=DEFAULT_PORT)
     if len(host) > MAX_NAME_LENGTH:
         raise AuthorityError(
             f"name is {len(host)} characters long; DNS names are at most {MAX_NAME_LENGTH}")

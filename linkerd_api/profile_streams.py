@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from bridge.cluster import Cluster, ClusterChange, PodKey
+from bridge.cluster import Cluster, ClusterChange, ListenerStage, PodKey
 from bridge.enrich import EnrichError
 from bridge.model import MeshConfig, ServiceKey
 from bridge.objects import Pod, ServiceProfile
@@ -156,7 +156,7 @@ class ProfileRegistry:
         self.semantics = semantics
         self.publications: dict[ProfileKey, Publication] = {}
         self.closed = False
-        cluster.add_listener(self._on_cluster_change)
+        cluster.add_listener(self._on_cluster_change, ListenerStage.PROFILES)
 
     def close(self) -> None:
         """Stop listening to the Cluster (the layer's stop hook); idempotent."""

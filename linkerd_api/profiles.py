@@ -363,10 +363,7 @@ def endpoint_profile(
     ep = Endpoint(
         id=EndpointId("pod", pod.meta.namespace, pod.meta.name), ip=ip, port=port,
         node_name=pod.node_name, pod_name=pod.meta.name,
-        pod_resource_version=pod.meta.resource_version, identity=enr.identity,
-        server_name=enr.server_name, hint=enr.hint, meshed_http2=enr.meshed_http2,
-        opaque=enr.opaque, owner_kind=enr.owner_kind, owner_name=enr.owner_name,
-        metric_labels=enr.metric_labels,
+        pod_resource_version=pod.meta.resource_version, enrichment=enr,
     )
     wa = translator.weighted_addr(ResolvedEndpoint(ep), zone_locality=False)
     # Get leaves the namespace to the set-level labels; a lone endpoint carries it.

@@ -111,16 +111,17 @@ class Translator:
     def weighted_addr(self, resolved: ResolvedEndpoint, zone_locality: bool = True
                       ) -> dst.WeightedAddr:
         ep = resolved.endpoint
+        enr = ep.enrichment
         wa = dst.WeightedAddr(addr=tcp_address(ep.ip, ep.port), weight=resolved.weight)
-        wa.metric_labels.update(ep.metric_labels)
+        wa.metric_labels.update(enr.metric_labels)
         if zone_locality:
             wa.metric_labels["zone_locality"] = resolved.zone_locality
-        if ep.identity:
-            wa.tls_identity.dns_like_identity.name = ep.identity
+        if enr.identity:
+            wa.tls_identity.dns_like_identity.name = enr.identity
             # A gateway identity (no pod) carries no SNI name (spec §3.5).
-            if ep.server_name:
-                wa.tls_identity.server_name.name = ep.server_name
-        hint = ep.hint
+            if enr.server_name:
+                wa.tls_identity.server_name.name = enr.server_name
+        hint = enr.hint
         if hint is not None:
             if ep.id.kind == "pod":
                 # A meshed pod port always carries a hint, even an empty one (§3.3).
@@ -133,9 +134,9 @@ class Translator:
                     wa.protocol_hint.opaque_transport.inbound_port = hint.opaque_transport_port
             elif hint.h2:
                 wa.protocol_hint.h2.SetInParent()
-        if ep.authority_override:
-            wa.authority_override.authority_override = ep.authority_override
-        if ep.meshed_http2 and self.http2 is not None:
+        if enr.authority_override:
+            wa.authority_override.authority_override = enr.authority_override
+        if enr.meshed_http2 and self.http2 is not None:
             wa.http2.CopyFrom(self.http2)
         return wa
 

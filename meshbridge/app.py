@@ -19,6 +19,7 @@ import grpc
 import prometheus_client
 import structlog
 
+from bridge.authority import format_authority
 from bridge.cluster import Cluster
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.sources import Source
@@ -84,7 +85,9 @@ class GrpcServer(Protocol):
 ProtocolLayer = Callable[["App", GrpcServer], None]
 
 
-def split_host_port(addr: str) -> tuple[str, int]:
+def split_listen_address(addr: str) -> tuple[str, int]:
+    """`host:port` to bind (`:8086` is every address, port 0 any free port); not an
+    authority (`bridge.authority.split_authority`)."""
     host, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"address {addr!r} is not host:port")
@@ -164,7 +167,7 @@ class App:
             raise OSError(f"cannot listen on {self.options.listen}")
         await server.start()
         self.grpc_server = server
-        host, port = split_host_port(self.options.admin)
+        host, port = split_listen_address(self.options.admin)
         self.admin_port = await self.admin.start(host, port)
         if wait_synced:
             await self.wait_synced()
@@ -274,7 +277,7 @@ class App:
                          external_name=svc.external_name, note="ExternalName: not served")
 
     def authority(self, service: ServiceKey, port: int) -> str:
-        return f"{service.name}.{service.namespace}.svc.{self.config.cluster_domain}:{port}"
+        return format_authority(service, port, self.config.cluster_domain)
 
     # ------------------------------------------------------------------ admin
 

@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridge.authority import AuthorityError, parse_authority
+from bridge.authority import AuthorityError, format_authority, parse_authority
 from bridge.model import FilterKey, ViewKey
 from meshbridge.admin import Request, Response
 
@@ -131,7 +131,7 @@ def _index(app: App, req: Request) -> Response:
     rows = []
     for key, svc in sorted(app.cluster.services.items()):
         for sp in svc.ports:
-            authority = f"{key.name}.{key.namespace}.svc.{domain}:{sp.port}"
+            authority = format_authority(key, sp.port, domain)
             view = app.views.view(ViewKey(key, sp.port))
             subs = view.subscriber_counts() if view is not None else {}
             link = f"/debug/endpoints?authority={html.escape(authority)}"

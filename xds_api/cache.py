@@ -26,7 +26,7 @@ from typing import Protocol
 
 import structlog
 
-from bridge.cluster import Cluster, ClusterChange
+from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import EndpointId, FilterKey, ServiceKey, ViewKey
 from bridge.objects import Service, ServicePort
 from bridge.views import InvalidService, View, ViewChange, ViewRegistry
@@ -109,7 +109,7 @@ class ResourceCache:
             View, dict[EndpointId, EncodedEndpoint]] = weakref.WeakKeyDictionary()
         self._cla_key = ("xds_api.cla", draining)
         self._refresh(list(cluster.services))
-        cluster.add_listener(self._on_cluster_change)
+        cluster.add_listener(self._on_cluster_change, ListenerStage.RESOURCES)
         self._closed = False
 
     def close(self) -> None:

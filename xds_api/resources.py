@@ -129,20 +129,21 @@ def lb_weight(resolved: ResolvedEndpoint) -> int:
 def _metadata_fields(resolved: ResolvedEndpoint) -> dict[str, object]:
     """The Linkerd enrichment, carried as endpoint metadata for whoever wants it."""
     ep = resolved.endpoint
+    enr = ep.enrichment
     fields: dict[str, object] = {"zone_locality": resolved.zone_locality,
                                  "weight": resolved.weight}
     optional: dict[str, object] = {
-        "identity": ep.identity, "server_name": ep.server_name, "zone": ep.zone or "",
+        "identity": enr.identity, "server_name": enr.server_name, "zone": ep.zone or "",
         "pod": ep.pod_name, "hostname": ep.hostname, "node": ep.node_name,
-        "authority_override": ep.authority_override,
+        "authority_override": enr.authority_override,
     }
     fields.update((k, v) for k, v in optional.items() if v)
-    if ep.hint is not None:
-        fields["protocol_hint"] = "opaque" if ep.hint.opaque else "h2" if ep.hint.h2 else ""
-        if ep.hint.opaque_transport_port is not None:
-            fields["opaque_transport_port"] = ep.hint.opaque_transport_port
-    if ep.metric_labels:
-        fields["labels"] = dict(ep.metric_labels)
+    if enr.hint is not None:
+        fields["protocol_hint"] = "opaque" if enr.hint.opaque else "h2" if enr.hint.h2 else ""
+        if enr.hint.opaque_transport_port is not None:
+            fields["opaque_transport_port"] = enr.hint.opaque_transport_port
+    if enr.metric_labels:
+        fields["labels"] = dict(enr.metric_labels)
     return fields
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from bridge.authority import format_authority
+from bridge.model import ServiceKey
 from bridge.sources.sim import Scenario, ScenarioError, load_scenario, parse_scenario
 
 MODELS = ("linkerd", "sotw", "delta")
@@ -86,7 +88,8 @@ class CompareScenario:
         return [(f"ns-{i % shape.namespaces}", f"svc-{i}") for i in range(shape.services)]
 
     def authority(self, namespace: str, name: str) -> str:
-        return f"{name}.{namespace}.svc.cluster.local:{self.scenario.cluster.port}"
+        return format_authority(ServiceKey(namespace, name), self.scenario.cluster.port,
+                                "cluster.local")
 
     def all_targets(self) -> list[str]:
         return [self.authority(ns, name) for ns, name in self.services()]

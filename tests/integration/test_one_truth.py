@@ -35,13 +35,13 @@ def view_truth(app: App, target: str) -> State | None:
         return None
     out = set()
     for r in view.snapshot.values():
-        ep = r.endpoint
+        ep, enr = r.endpoint, r.endpoint.enrichment
         if not ep.ready:
             continue
-        hint = "" if ep.hint is None else "opaque" if ep.hint.opaque else \
-            "h2" if ep.hint.h2 else ""
-        transport = ep.hint.opaque_transport_port or 0 if ep.hint is not None else 0
-        out.add(NormalEndpoint(ep.ip, ep.port, r.weight, ep.identity, hint, transport,
+        hint = "" if enr.hint is None else "opaque" if enr.hint.opaque else \
+            "h2" if enr.hint.h2 else ""
+        transport = enr.hint.opaque_transport_port or 0 if enr.hint is not None else 0
+        out.add(NormalEndpoint(ep.ip, ep.port, r.weight, enr.identity, hint, transport,
                                ep.zone or "", r.zone_locality))
     return frozenset(out)
 

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.authority import AuthorityError, parse_authority
+from bridge.authority import AuthorityError, format_authority, parse_authority
 from bridge.cluster import Cluster, Event, EventType
 from bridge.model import MeshConfig, ServiceKey, ViewKey
 from bridge.objects import ObjectError, decode_object
@@ -23,7 +23,8 @@ DOMAIN = st.sampled_from(["cluster.local", "example.org", "c.d.e"])
 def test_every_canonical_authority_parses_and_round_trips(
     svc: str, ns: str, port: int, domain: str
 ) -> None:
-    authority = f"{svc}.{ns}.svc.{domain}:{port}"
+    authority = format_authority(ServiceKey(ns, svc), port, domain)
+    assert authority == f"{svc}.{ns}.svc.{domain}:{port}"  # the grammar, spelled out
     key = parse_authority(authority, domain)
     assert key.service == ServiceKey(ns, svc) and key.port == port
     assert key.authority(domain) == authority

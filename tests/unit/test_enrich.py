@@ -39,57 +39,59 @@ def one(pod_raw: dict[str, Any], container_port: int = 8080, port: int = 80,
 
 
 def test_meshed_pod_gets_identity_h2_hint_and_opaque_transport() -> None:
-    ep = one(pod("web-1", "10.0.0.1", sa="web"))
-    assert ep.identity == "web.app.serviceaccount.identity.linkerd.cluster.local"
-    assert ep.server_name == ep.identity
-    assert ep.hint is not None
-    assert (ep.hint.h2, ep.hint.opaque, ep.hint.opaque_transport_port) == (True, False, 4143)
-    assert ep.meshed_http2
+    enr = one(pod("web-1", "10.0.0.1", sa="web")).enrichment
+    assert enr.identity == "web.app.serviceaccount.identity.linkerd.cluster.local"
+    assert enr.server_name == enr.identity
+    assert enr.hint is not None
+    assert (enr.hint.h2, enr.hint.opaque, enr.hint.opaque_transport_port) == (True, False, 4143)
+    assert enr.meshed_http2
 
 
 def test_identity_uses_the_configured_trust_domain_and_controller_namespace() -> None:
     cfg = MeshConfig(trust_domain="trust.domain", controller_namespace="mesh")
     ep = one(pod("web-1", "10.0.0.1", sa="api", labels={"linkerd.io/control-plane-ns": "mesh"}),
              config=cfg)
-    assert ep.identity == "api.app.serviceaccount.identity.mesh.trust.domain"
+    assert ep.enrichment.identity == "api.app.serviceaccount.identity.mesh.trust.domain"
 
 
 def test_pod_meshed_by_another_control_plane_gets_no_identity() -> None:
     ep = one(pod("web-1", "10.0.0.1", labels={"linkerd.io/control-plane-ns": "elsewhere"}))
-    assert ep.identity == ""
-    assert ep.hint is not None  # still meshed: hints apply
+    assert ep.enrichment.identity == ""
+    assert ep.enrichment.hint is not None  # still meshed: hints apply
 
 
 def test_unmeshed_pod_gets_labels_but_no_hint_or_identity() -> None:
-    ep = one(pod("web-1", "10.0.0.1", meshed=False))
-    assert ep.hint is None and ep.identity == "" and not ep.meshed_http2
-    assert dict(ep.metric_labels)["pod"] == "web-1"
+    enr = one(pod("web-1", "10.0.0.1", meshed=False)).enrichment
+    assert enr.hint is None and enr.identity == "" and not enr.meshed_http2
+    assert dict(enr.metric_labels)["pod"] == "web-1"
 
 
 def test_transparent_mode_sends_no_opaque_transport_for_non_opaque_ports() -> None:
     ep = one(pod("web-1", "10.0.0.1"), config=MeshConfig(force_opaque_transport=False))
-    assert ep.hint is not None and ep.hint.opaque_transport_port is None and ep.hint.h2
+    hint = ep.enrichment.hint
+    assert hint is not None and hint.opaque_transport_port is None and hint.h2
 
 
 def test_default_opaque_ports_make_the_hint_opaque() -> None:
     ep = one(pod("db-1", "10.0.0.1", ports=[{"name": "pg", "containerPort": 5432}]),
              container_port=5432, port=5432)
-    assert ep.hint is not None and ep.hint.opaque and not ep.hint.h2
-    assert ep.hint.opaque_transport_port == 4143
+    hint = ep.enrichment.hint
+    assert hint is not None and hint.opaque and not hint.h2
+    assert hint.opaque_transport_port == 4143
 
 
 def test_opaque_ports_annotation_accepts_container_port_names_and_ranges() -> None:
     raw = pod("q-1", "10.0.0.1", annotations={"config.linkerd.io/opaque-ports": "amqp,9000-9001"},
               ports=[{"name": "amqp", "containerPort": 5672}])
-    assert one(raw, container_port=5672, port=5672).opaque
-    assert one(raw, container_port=9001, port=9001).opaque
+    assert one(raw, container_port=5672, port=5672).enrichment.opaque
+    assert one(raw, container_port=9001, port=9001).enrichment.opaque
     # An annotation replaces the defaults: 5432 is no longer opaque for this pod.
-    assert not one(raw, container_port=5432, port=5432).opaque
+    assert not one(raw, container_port=5432, port=5432).enrichment.opaque
 
 
 def test_empty_opaque_ports_annotation_means_none() -> None:
     raw = pod("db-1", "10.0.0.1", annotations={"config.linkerd.io/opaque-ports": ""})
-    assert not one(raw, container_port=5432, port=5432).opaque
+    assert not one(raw, container_port=5432, port=5432).enrichment.opaque
 
 
 def test_a_server_marks_a_named_port_opaque() -> None:
@@ -102,26 +104,27 @@ def test_a_server_marks_a_named_port_opaque() -> None:
     eps = served(svc, p, server,
                  endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")],
                                 ports=[{"name": "metrics", "port": 9100}]), port=9100)
-    assert eps[0].opaque and eps[0].hint is not None and eps[0].hint.opaque
+    enr = eps[0].enrichment
+    assert enr.opaque and enr.hint is not None and enr.hint.opaque
     unselected = served(svc, pod("web-1", "10.0.0.1", labels={"app": "other"},
                                  ports=[{"name": "metrics", "containerPort": 9100}]),
                         server, endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")],
                                                ports=[{"name": "metrics", "port": 9100}]),
                         port=9100)
-    assert not unselected[0].opaque
+    assert not unselected[0].enrichment.opaque
 
 
 def test_skipped_inbound_port_is_served_plain() -> None:
     raw = pod("s-1", "10.0.0.1", annotations={"config.linkerd.io/skip-inbound-ports": "9090"},
               ports=[{"name": "http", "containerPort": 9090}])
     ep = one(raw, container_port=9090, port=9090)
-    assert ep.hint is None and ep.identity == ""
+    assert ep.enrichment.hint is None and ep.enrichment.identity == ""
 
 
 def test_admin_port_gets_no_opaque_transport() -> None:
     ep = one(pod("web-1", "10.0.0.1", ports=[{"name": "admin", "containerPort": 4191}]),
              container_port=4191, port=4191)
-    assert ep.hint is not None and ep.hint.opaque_transport_port is None
+    assert ep.enrichment.hint is not None and ep.enrichment.hint.opaque_transport_port is None
 
 
 @pytest.mark.parametrize(
@@ -164,7 +167,7 @@ def test_owner_kind_metric_labels(owner: tuple[str, str] | None,
     raw = pod("web-1", "10.0.0.1", owner=owner, labels={"pod-template-hash": "5d9"})
     eps = served(service("web"), raw, *rs_objs,
                  endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
-    labels = dict(eps[0].metric_labels)
+    labels = dict(eps[0].enrichment.metric_labels)
     assert labels[label[0]] == label[1]
     assert labels["serviceaccount"] == "web"
     assert labels["control_plane_ns"] == "linkerd"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.cluster import Cluster
+from bridge.authority import format_authority, parse_authority
+from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.views import InvalidService, View, ViewChange, ViewRegistry
 from tests.unit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
@@ -259,7 +260,7 @@ def test_a_changed_endpoint_is_re_added_and_a_vanished_one_removed() -> None:
          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
     (change,) = rec.changes
     assert [r.endpoint.ip for r in change.added] == ["10.0.0.1"]
-    assert "other.app.serviceaccount" in change.added[0].endpoint.identity
+    assert "other.app.serviceaccount" in change.added[0].endpoint.enrichment.identity
     assert [r.endpoint.ip for r in change.removed] == ["10.0.0.2"]
 
 
@@ -314,9 +315,9 @@ def test_address_endpoints_without_a_pod_are_named_after_the_address() -> None:
     view, _ = watch(reg)
     (r,) = view.snapshot.values()
     assert r.id.kind == "address" and r.id.name == "web-192.0.2.7-8080"
-    assert r.endpoint.identity == "gw.id"
-    assert r.endpoint.authority_override == "web.app.svc.east:80"
-    assert r.endpoint.hint is not None and r.endpoint.hint.h2
+    assert r.endpoint.enrichment.identity == "gw.id"
+    assert r.endpoint.enrichment.authority_override == "web.app.svc.east:80"
+    assert r.endpoint.enrichment.hint is not None and r.endpoint.enrichment.hint.h2
 
 
 def test_view_metrics_follow_subscribers_versions_and_size() -> None:
@@ -360,12 +361,13 @@ def test_a_server_added_later_re_enriches_endpoints_it_selects() -> None:
          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
     view, rec = watch(reg)
     (r,) = view.snapshot.values()
-    assert r.endpoint.hint is not None and not r.endpoint.hint.opaque
+    assert r.endpoint.enrichment.hint is not None and not r.endpoint.enrichment.hint.opaque
     load(cluster, {"kind": "Server", "metadata": {"name": "s", "namespace": "app"},
                    "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": 8080,
                             "proxyProtocol": "opaque"}})
     (change,) = rec.changes
-    assert change.added[0].endpoint.hint is not None and change.added[0].endpoint.hint.opaque
+    hint = change.added[0].endpoint.enrichment.hint
+    assert hint is not None and hint.opaque
 
 
 def test_a_pod_in_two_services_stays_indexed_until_its_last_slice_goes() -> None:
@@ -381,3 +383,56 @@ def test_a_pod_in_two_services_stays_indexed_until_its_last_slice_goes() -> None
     assert cluster.services_by_pod[("app", "p")] == {ServiceKey("app", "api")}
     delete(cluster, endpoint_slice("api-a", "api", []))
     assert ("app", "p") not in cluster.services_by_pod
+
+
+def test_listeners_are_called_in_their_declared_stage_order_not_their_add_order() -> None:
+    cluster = Cluster()
+    calls: list[str] = []
+    cluster.add_listener(lambda _c: calls.append("profiles"), ListenerStage.PROFILES)
+    cluster.add_listener(lambda _c: calls.append("resources"), ListenerStage.RESOURCES)
+    cluster.add_listener(lambda _c: calls.append("views"), ListenerStage.VIEWS)
+    cluster.add_listener(lambda _c: calls.append("resources-2"), ListenerStage.RESOURCES)
+    load(cluster, service("web"))
+    assert calls == ["views", "resources", "resources-2", "profiles"]
+
+
+def test_a_later_stage_reads_views_that_already_hold_the_same_change() -> None:
+    cluster = Cluster()
+    seen: list[list[set[str]]] = []
+    # Added before the registry exists, yet called after it: stages, not add order.
+    cluster.add_listener(lambda _c: seen.append([ips(v) for v in reg.views()]),
+                         ListenerStage.RESOURCES)
+    reg = ViewRegistry(cluster, MeshConfig())
+    load(cluster, service("web"))
+    watch(reg)
+    load(cluster, pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    assert seen[-1] == [{"10.0.0.1"}]
+
+
+def test_a_change_touches_its_services_and_every_service_of_its_namespaces() -> None:
+    a, b, c = ServiceKey("app", "a"), ServiceKey("app", "b"), ServiceKey("other", "c")
+    assert ClusterChange(services={a}).touched({a, b, c}) == [a]
+    assert ClusterChange(services={a, ServiceKey("x", "unwatched")}).touched({a}) == [a]
+    assert sorted(ClusterChange(namespaces={"app"}).touched([a, b, c])) == [a, b]
+    assert ClusterChange(all_services=True).touched([a, b, c]) == [a, b, c]
+    assert not ClusterChange(pods={("app", "p")}).touched([a, b, c])
+
+
+def test_a_view_key_is_named_by_the_one_authority_formatter() -> None:
+    key = ViewKey(SVC, 8080, FilterKey(hostname="web-0"))
+    assert key.authority("c.l") == format_authority(SVC, 8080, "c.l", "web-0")
+    assert format_authority(SVC, 8080, "c.l") == "web.app.svc.c.l:8080"
+    assert parse_authority(key.authority("c.l"), "c.l") == key
+
+
+def test_one_off_reads_see_what_a_new_subscriber_would() -> None:
+    cluster, reg = setup()
+    load(cluster, service("web"), pod("web-1", "10.0.0.1"),
+         endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
+    exists, merged = reg.merge_endpoints(SVC, 80)
+    assert exists and not reg.ports  # no View was made for it
+    key = ViewKey(SVC, 80)
+    once = reg.filter_endpoints(key, merged)
+    view, _ = watch(reg)
+    assert once == dict(view.snapshot)

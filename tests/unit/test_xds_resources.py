@@ -20,6 +20,7 @@ from bridge.model import (
     BASE_WEIGHT,
     Endpoint,
     EndpointId,
+    Enrichment,
     ProtocolHint,
     ResolvedEndpoint,
     ServiceKey,
@@ -39,8 +40,9 @@ def resolved(ip: str, pod: str = "", zone: str | None = "zone-a", region: str = 
              weight: int = BASE_WEIGHT, **extra: Any) -> ResolvedEndpoint:
     eid = EndpointId("pod" if pod else "address", "app", pod or ip,
                      "IPv6" if ":" in ip else "IPv4")
+    enr = Enrichment(**{k: extra.pop(k) for k in list(extra) if k in Enrichment.__slots__})
     ep = Endpoint(eid, ip, 8080, ready=ready, serving=serving, terminating=terminating,
-                  zone=zone, region=region, pod_name=pod, **extra)
+                  zone=zone, region=region, pod_name=pod, enrichment=enr, **extra)
     return ResolvedEndpoint(ep, "unknown", weight)
 
 

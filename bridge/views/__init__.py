@@ -1,0 +1,35 @@
+"""Views: the one enriched, filtered endpoint set that every subscriber shares.
+
+The shape is Linkerd's destination watcher (spec §4.2, §4.6), one class per level,
+each owning its own work; a parent only routes to its children:
+
+    ViewRegistry   (registry.py)        every watched service port: routes each cluster
+                                        change to the ports it touches, and each
+                                        subscription to its View
+    PortPublisher  (port_publisher.py)  one service port: merges its slices,
+                                        deduplicates and enriches their endpoints
+    View           (view.py)            one filter key of that port: filters, diffs,
+                                        versions and reports its snapshot, holds its
+                                        subscribers (Linkerd and xDS alike) and their
+                                        encoded bytes
+
+A change is merged and enriched once per port, filtered and diffed once per View,
+and then handed to each subscriber, which only encodes (once, via `View.cache`) and
+queues. Subscribers must never block: they are called on the event loop.
+"""
+
+from bridge.views.port_publisher import EMPTY_ENDPOINTS, PortPublisher
+from bridge.views.registry import InvalidService, ViewRegistry
+from bridge.views.view import EMPTY, Snapshot, View, ViewChange, ViewSubscriber
+
+__all__ = [
+    "EMPTY",
+    "EMPTY_ENDPOINTS",
+    "InvalidService",
+    "PortPublisher",
+    "Snapshot",
+    "View",
+    "ViewChange",
+    "ViewRegistry",
+    "ViewSubscriber",
+]
