@@ -296,7 +296,9 @@ class App:
         if not self.synced.is_set():
             return Response.text(503, f"not ready: source {self.source.name} has not synced")
         if self.source.stale:
-            return Response.text(503, f"not ready: source {self.source.name} is stale")
+            why = getattr(self.source, "stale_reason", None)  # optional on a Source
+            return Response.text(503, f"not ready: source {self.source.name} is stale"
+                                      + (f": {why}" if why else ""))
         return Response.text(200, "ready")
 
 

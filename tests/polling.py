@@ -1,21 +1,47 @@
-"""The one way tests wait: poll a condition with a deadline, never a bare sleep."""
+"""The one way tests wait: poll a condition with a deadline, never a bare sleep.
+
+`eventually` is for a test on an event loop (its check may be a coroutine function, e.g.
+one that asks a child process); `eventually_sync` is for a plain test that waits on
+something outside it (a real process, an API server). Both fail with an AssertionError
+that says why, and return how long the wait took.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+
+Why = Callable[[], str] | str
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 10.0,
-                     why: Callable[[], str] | str = "condition not met",
-                     period: float = 0.02) -> float:
-    """Wait until `check()` holds; fail after `timeout` seconds saying `why`. Returns
-    how long it took."""
+def _failure(why: Why, timeout: float) -> AssertionError:
+    reason = why() if callable(why) else why
+    return AssertionError(f"{reason} after {timeout:g}s")
+
+
+async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0,
+                     why: Why = "condition not met", period: float = 0.02) -> float:
+    """Wait until `check()` holds; fail after `timeout` seconds saying `why`."""
+    start = time.monotonic()
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise _failure(why, timeout)
+        await asyncio.sleep(period)  # the polling period, under the deadline above
+
+
+def eventually_sync(check: Callable[[], bool], timeout: float = 10.0,
+                    why: Why = "condition not met", period: float = 0.05) -> float:
+    """`eventually` for code with no event loop: blocks the calling thread."""
     start = time.monotonic()
     while not check():
         if time.monotonic() - start > timeout:
-            reason = why() if callable(why) else why
-            raise AssertionError(f"{reason} after {timeout:g}s")
-        await asyncio.sleep(period)  # the polling period, under the deadline above
+            raise _failure(why, timeout)
+        time.sleep(period)  # the polling period, under the deadline above
     return time.monotonic() - start

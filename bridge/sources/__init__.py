@@ -4,12 +4,21 @@ so nothing downstream can tell a manifest folder from a live API server."""
 from __future__ import annotations
 
 import asyncio
+from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
 from bridge.cluster import Cluster
 
-DEMO_DIR = Path(__file__).resolve().parents[2] / "examples" / "demo"
+
+def _demo_dir() -> Path:
+    # Package data (pyproject.toml), so it is there wherever the package is installed.
+    # The files source polls paths; an installed or source-tree package is a folder on
+    # disk, so its resource is one too.
+    return Path(str(resources.files(__name__) / "demo"))
+
+
+DEMO_DIR = _demo_dir()
 
 
 class Source(Protocol):
@@ -17,6 +26,7 @@ class Source(Protocol):
 
     `synced` is set once the initial state has been applied in full; `stale` tells
     readiness whether the last-known state may be out of date (e.g. the API is down).
+    A source may also have a `stale_reason` (str | None) that /ready shows with it.
     """
 
     name: str
@@ -35,15 +45,22 @@ def make_source(spec: str, **options: object) -> Source:
     """Build a source from its command-line form: demo | files:DIR | sim:FILE | kube."""
     kind, _, arg = spec.partition(":")
     if kind == "demo" and not arg:
-        from bridge.sources.files import FilesSource
+        from bridge.sources.files import FilesSource, manifest_files
 
+        if not manifest_files(DEMO_DIR):
+            raise SourceSpecError(f"demo source: no manifests in {DEMO_DIR} (the package "
+                                  "was installed without its data)")
         return FilesSource(DEMO_DIR, name="demo")
     if kind == "files" and arg:
-        from bridge.sources.files import FilesSource
+        from bridge.sources.files import FilesSource, manifest_files
 
         path = Path(arg)
         if not path.is_dir():
             raise SourceSpecError(f"files source: {arg} is not a directory")
+        if not manifest_files(path):
+            # Serving nothing and calling it ready is worse than not starting.
+            raise SourceSpecError(f"files source: {arg} holds no *.yaml, *.yml or *.json "
+                                  "manifests")
         return FilesSource(path)
     if kind == "sim" and arg:
         from bridge.sources.sim import SimSource, load_scenario

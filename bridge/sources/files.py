@@ -7,6 +7,11 @@ costs one `stat` per file per tick; a change is seen within `poll_interval`.
 Bad input never loses good state: a file that does not parse keeps the objects it
 last parsed to (the error names the file and line); an object that does not decode is
 logged with its file and name and skipped, and the rest of the file is used.
+
+A folder that is missing when the source starts is an error. One that goes missing or
+holds no manifests later is taken for an outage, not for an empty cluster (a volume
+being remounted looks like that): the last state is kept, the source is `stale` (so
+/ready says why) until manifests are back.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import yaml
 
 from bridge.cluster import Cluster, Event, EventType
 from bridge.objects import KubeObject, ObjectError, decode_object, display_name, object_key
+from bridge.sources import SourceSpecError
 
 log = structlog.get_logger("meshbridge.sources.files")
 
@@ -47,6 +53,15 @@ def _documents(raw: Any) -> Iterator[Any]:
         yield from raw["items"]
     else:
         yield raw
+
+
+def manifest_files(root: Path) -> list[Path]:
+    """The manifest files below `root`, in the order they are applied; [] if it is not
+    a folder (or cannot be listed)."""
+    try:
+        return sorted(p for p in root.rglob("*") if p.suffix in _SUFFIXES and p.is_file())
+    except OSError:
+        return []
 
 
 def read_manifest_file(path: Path) -> dict[ObjKey, KubeObject]:
@@ -81,12 +96,15 @@ class FilesSource:
         self._files: dict[Path, _FileState] = {}
         self._state: dict[ObjKey, KubeObject] = {}
         self.reloads = 0
+        self.stale_reason: str | None = None
 
     @property
     def stale(self) -> bool:
-        return False
+        return self.stale_reason is not None
 
     async def run(self, cluster: Cluster, synced: asyncio.Event) -> None:
+        if not self.root.is_dir():
+            raise SourceSpecError(f"{self.name} source: {self.root} is not a directory")
         self.sync(cluster)
         synced.set()
         while True:
@@ -117,11 +135,17 @@ class FilesSource:
         return bool(events)
 
     def _scan(self) -> bool:
+        paths = manifest_files(self.root)
+        if not paths:
+            self._lost("is missing" if not self.root.is_dir() else "holds no manifests")
+            return False
+        if self.stale_reason is not None:
+            log.info("manifest folder has manifests again", folder=str(self.root),
+                     files=len(paths))
+            self.stale_reason = None
         changed = False
         seen: set[Path] = set()
-        for path in sorted(self.root.rglob("*")):
-            if path.suffix not in _SUFFIXES or not path.is_file():
-                continue
+        for path in paths:
             seen.add(path)
             try:
                 st = path.stat()
@@ -156,3 +180,10 @@ class FilesSource:
             del self._files[gone]
             changed = True
         return changed
+
+    def _lost(self, what: str) -> None:
+        reason = f"folder {self.root} {what}"
+        if reason != self.stale_reason:  # logged once per outage, not per tick
+            log.error("no manifests in the folder; serving its last state",
+                      folder=str(self.root), reason=what)
+            self.stale_reason = reason

@@ -65,6 +65,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from tests.polling import eventually_sync
+
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 ENVTEST_SCRIPT: Final = REPO_ROOT / "scripts" / "envtest.sh"
 
@@ -606,25 +608,28 @@ class KubeAPIServer:
         return "\n".join(parts)
 
     def _wait_for(self, proc: _Process, what: str, ready: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + self.startup_timeout
         last_error = ""
-        while True:
+
+        def up() -> bool:
+            nonlocal last_error
             code = proc.exit_code()
             if code is not None:
                 raise KubeAPIServerError(
                     f"{what} exited with code {code} during startup\n{self._logs_tail()}"
                 )
             try:
-                if ready():
-                    return
+                return ready()
             except (OSError, urllib.error.URLError, ValueError) as exc:
                 last_error = repr(exc)
-            if time.monotonic() > deadline:
-                raise KubeAPIServerError(
-                    f"{what} not ready after {self.startup_timeout:.0f}s"
-                    f" (last error: {last_error or 'none'})\n{self._logs_tail()}"
-                )
-            time.sleep(0.1)
+                return False
+
+        try:
+            eventually_sync(up, self.startup_timeout, period=0.1)
+        except AssertionError:
+            raise KubeAPIServerError(
+                f"{what} not ready after {self.startup_timeout:.0f}s"
+                f" (last error: {last_error or 'none'})\n{self._logs_tail()}"
+            ) from None
 
     def _etcd_healthy(self) -> bool:
         with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as resp:

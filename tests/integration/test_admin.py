@@ -12,6 +12,7 @@ from typing import Any
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import View, ViewChange
 from meshbridge.app import App
+from tests.polling import eventually
 
 
 class Sink:
@@ -77,3 +78,28 @@ async def test_debug_endpoints_shows_the_target_and_an_index_page_links_services
     status, page = await get(app, "/")
     assert status == 200
     assert "catalog.shop.svc.cluster.local:80" in page and "<table id=\"services\">" in page
+
+
+async def test_ready_says_why_while_the_manifest_folder_is_empty_and_recovers(
+    make_app: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    app = await make_app(demo_dir)
+    assert (await get(app, "/ready"))[0] == 200
+    aside = tmp_path / "aside"
+    demo_dir.rename(aside)  # the folder disappears, then comes back empty
+    await eventually(lambda: app.source.stale, why="the source did not notice")
+    status, body = await get(app, "/ready")
+    assert status == 503 and f"folder {demo_dir} is missing" in body, body
+    demo_dir.mkdir()
+    await eventually(lambda: app.source.stale_reason == f"folder {demo_dir} holds no manifests")
+    assert (await get(app, "/ready"))[0] == 503
+    # The last state is still served meanwhile.
+    status, _ = await get(app, "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80")
+    assert status == 200
+    for manifest in aside.iterdir():
+        manifest.rename(demo_dir / manifest.name)
+
+    async def ready() -> bool:
+        return (await get(app, "/ready"))[0] == 200
+
+    await eventually(ready, why="/ready stayed 503 after the manifests returned")

@@ -10,13 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
+from tests.polling import eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -38,11 +38,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def ready(admin_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as r:
+            return int(r.status) == 200
+    except (OSError, urllib.error.HTTPError):
+        return False
+
+
 def test_dockerfile_is_non_root_and_exposes_both_ports() -> None:
     text = DOCKERFILE.read_text()
     assert "USER 10001" in text
     assert "EXPOSE 8086 9996" in text
     assert instruction("CMD")[:3] == ["serve", "--source", "kube"]
+
+
+def test_everything_the_dockerfile_copies_is_in_the_tree() -> None:
+    # The package's data (the demo cluster) lives inside the packages it copies.
+    sources = [s for line in DOCKERFILE.read_text().splitlines()
+               if line.startswith("COPY ") for s in line.split()[1:-1]]
+    missing = [s for s in sources if not (DOCKERFILE.parents[1] / s).exists()]
+    assert sources and missing == [], missing
 
 
 def test_the_entrypoint_serves_the_kube_source_until_sigterm(
@@ -60,19 +76,9 @@ def test_the_entrypoint_serves_the_kube_source_until_sigterm(
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
-        deadline = time.monotonic() + 30
-        ready = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready",
-                                            timeout=1) as r:
-                    ready = r.status == 200
-            except (OSError, urllib.error.HTTPError):
-                ready = False
-            if ready:
-                break
-            time.sleep(0.05)  # polling a real process with a deadline
-        assert ready
+        eventually_sync(lambda: proc.poll() is not None or ready(admin_port), 30,
+                        "/ready never answered 200")
+        assert proc.poll() is None, "the entrypoint exited"
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     finally:

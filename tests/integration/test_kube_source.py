@@ -20,11 +20,13 @@ from bridge.views import View, ViewChange
 from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests import polling
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
+from tests.polling import eventually
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
+
+WAIT = 15.0  # seconds for a write to reach the clients through a real API server
 
 
 class Recorder:
@@ -33,10 +35,6 @@ class Recorder:
 
     def on_view_change(self, view: View, change: ViewChange) -> None:
         self.changes.append(change)
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    await polling.eventually(check, timeout)
 
 
 @pytest.fixture
@@ -166,18 +164,20 @@ async def test_get_and_ads_clients_receive_what_the_api_holds_and_follow_scaling
         tasks = [asyncio.create_task(get.run()), asyncio.create_task(ads.run())]
         try:
             both = (get, ads)
-            await eventually(lambda: all(addresses(c, target) == {"10.1.0.1"} for c in both))
+            await eventually(lambda: all(addresses(c, target) == {"10.1.0.1"} for c in both),
+                             WAIT)
             (ep,) = get.state[target].state()
             assert ep.identity == f"web.{objs.ns}.serviceaccount.identity.linkerd.cluster.local"
             assert ep.port == 8080 and ep.hint == "h2" and ep.opaque_transport == 4143
             assert ads.state[target].state() == get.state[target].state()
             objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
             await eventually(lambda: all(addresses(c, target) == {"10.1.0.1", "10.1.0.2"}
-                                         for c in both))
+                                         for c in both), WAIT)
             unmeshed = [e for e in get.state[target].state() if e.address == "10.1.0.2"]
             assert unmeshed[0].identity == "" and unmeshed[0].hint == ""
             objs.put_slice("web-a", [("web-2", "10.1.0.2")])
-            await eventually(lambda: all(addresses(c, target) == {"10.1.0.2"} for c in both))
+            await eventually(lambda: all(addresses(c, target) == {"10.1.0.2"} for c in both),
+                             WAIT)
         finally:
             for task in tasks:
                 task.cancel()
@@ -201,7 +201,7 @@ async def test_moving_an_endpoint_between_slices_causes_no_flap(
     # Wait until the cache has seen both writes, then check nothing was published.
     await eventually(lambda: len(app.cluster.slices_of(ServiceKey(objs.ns, "web"))) == 2
                      and len(app.cluster.slices[("EndpointSlice", objs.ns, "web-a")]
-                             .endpoints) == 1)
+                             .endpoints) == 1, WAIT)
     assert rec.changes == []
     assert served(view) == {"10.1.0.1", "10.1.0.2"}
 
@@ -242,7 +242,7 @@ async def test_a_410_relist_sends_no_spurious_updates(
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}")
     get = LinkerdClient(channel, [target])
     get_task = asyncio.create_task(get.run())
-    await eventually(lambda: addresses(get, target) == {"10.1.0.1"})
+    await eventually(lambda: addresses(get, target) == {"10.1.0.1"}, WAIT)
     messages = get.messages
     before = {w.spec.kind: w.relists for w in source.watchers}
     # Break every watch while etcd compacts past their resourceVersions: each must
@@ -262,7 +262,7 @@ async def test_a_410_relist_sends_no_spurious_updates(
     objs.pod("web-2", "10.1.0.2", node)
     objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
     await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=20)
-    await eventually(lambda: addresses(get, target) == {"10.1.0.1", "10.1.0.2"})
+    await eventually(lambda: addresses(get, target) == {"10.1.0.1", "10.1.0.2"}, WAIT)
     get_task.cancel()
     await asyncio.gather(get_task, return_exceptions=True)
     await channel.close()
@@ -306,9 +306,10 @@ async def test_informer_lag_and_cache_size_metrics_move(
     # managedFields times have one-second resolution and Linkerd observes the lag only
     # when that time changes: let the clock reach the next second before writing again.
     written = int(time.time())
-    await eventually(lambda: int(time.time()) > written)
+    await eventually(lambda: int(time.time()) > written, WAIT)
     objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
-    await eventually(lambda: sample("endpointslices_informer_lag_seconds_count") > before)
+    await eventually(lambda: sample("endpointslices_informer_lag_seconds_count") > before,
+                     WAIT)
     # The lag is measured from the write's managedFields time: seconds, not hours.
     assert sample("endpointslices_informer_lag_seconds_sum") < 3600
 
@@ -415,7 +416,7 @@ async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_tru
                     if addresses(c, t) != expected[t]]
 
         try:
-            await polling.eventually(lambda: not wrong(), 60, lambda: "; ".join(wrong()))
+            await eventually(lambda: not wrong(), 60, lambda: "; ".join(wrong()))
         finally:
             for task in tasks:
                 task.cancel()

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
+from tests.polling import eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -42,14 +42,6 @@ def namespace(admin: client.ApiClient) -> Iterator[str]:
     client.CoreV1Api(admin).create_namespace(client.V1Namespace(metadata={"name": name}))
     yield name
     client.CoreV1Api(admin).delete_namespace(name)
-
-
-def _eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.1)
 
 
 def test_version_and_readiness(kube_apiserver: KubeAPIServer, admin: client.ApiClient) -> None:
@@ -337,7 +329,7 @@ def test_rbac_applies_to_non_admin_tokens(
                 return False
             return True
 
-        _eventually(can_list)
+        eventually_sync(can_list, 15, "the role binding never took effect", period=0.1)
         # The grant is namespaced: other namespaces and writes stay forbidden.
         with pytest.raises(ApiException) as still_denied:
             core.list_namespaced_pod("default")

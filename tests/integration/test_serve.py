@@ -7,9 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.polling import eventually_sync
 
 
 def free_port() -> int:
@@ -24,6 +28,13 @@ def http_get(url: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def ready(admin_port: int) -> bool:
+    try:
+        return http_get(f"http://127.0.0.1:{admin_port}/ready")[0] == 200
+    except OSError:
+        return False
 
 
 def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> None:
@@ -47,17 +58,7 @@ def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> Non
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        deadline = time.monotonic() + 30
-        status = 0
-        while time.monotonic() < deadline:
-            try:
-                status, _ = http_get(f"http://127.0.0.1:{admin_port}/ready")
-            except OSError:
-                status = 0
-            if status == 200:
-                break
-            time.sleep(0.05)  # polling a real process with a deadline
-        assert status == 200
+        eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
         assert http_get(f"http://127.0.0.1:{admin_port}/live")[0] == 200
         code, metrics = http_get(f"http://127.0.0.1:{admin_port}/metrics")
         assert code == 200 and "process_resident_memory_bytes" in metrics
@@ -75,3 +76,19 @@ def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> Non
     assert '"service": "catalog"' in out and '"endpoints": 6' in out
     assert '"service": "mail"' in out and "ExternalName" in out
     assert "shutting down" in out
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_serve_refuses_a_folder_with_nothing_to_serve_in_one_line(
+        tmp_path: Path, folder: str) -> None:
+    root = tmp_path / "manifests"
+    if folder == "empty":
+        root.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshbridge.cli", "serve", "--source", f"files:{root}",
+         "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--log-format", "json"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and str(root) in lines[0], lines
+    assert "serving" not in lines[0]

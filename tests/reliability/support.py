@@ -18,7 +18,7 @@ from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
 from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App, ServeOptions
 from meshbridge.limits import LOOPBACK_CROWD, Limits
-from tests import polling
+from tests.polling import eventually
 
 MODELS = ("linkerd", "sotw", "delta")
 
@@ -150,14 +150,9 @@ class Fleet:
     async def converged(self, app: App, timeout: float) -> None:
         await eventually(lambda: not self.wrong(app), timeout,
                          lambda: f"{len(self.wrong(app))} clients differ from the truth, "
-                                 f"e.g. {self.wrong(app)[:3]}")
+                                 f"e.g. {self.wrong(app)[:3]}", period=0.05)
 
     async def stop(self) -> None:
         await asyncio.gather(*(f.stop() for f in self.followers))
         for ch in self.channels:
             await ch.close(grace=None)
-
-
-async def eventually(check: Callable[[], bool], timeout: float,
-                     why: Callable[[], str] = lambda: "condition not met") -> None:
-    await polling.eventually(check, timeout, why, period=0.05)

@@ -12,7 +12,8 @@ import socket
 import sys
 from pathlib import Path
 
-from tests.reliability.support import Fleet, eventually, sim_cluster, start_app, target
+from tests.polling import eventually
+from tests.reliability.support import Fleet, sim_cluster, start_app, target
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +72,8 @@ async def test_clients_cancelling_mid_write_during_churn_leave_nothing_behind() 
         # Nothing of the 900 cancelled streams is left: no stream, no View subscriber.
         expected = len(stayers.followers)
         await eventually(lambda: len(app.streams) == expected, 20,
-                         lambda: f"{len(app.streams)} streams open, {expected} expected")
+                         lambda: f"{len(app.streams)} streams open, {expected} expected",
+                         period=0.05)
         subscribers = sum(len(v.subscribers) for v in app.views.views())
         assert subscribers == expected, subscribers
     finally:
@@ -103,7 +105,7 @@ async def test_sigterm_during_churn_ends_every_stream_cleanly_and_exits_zero(
     try:
         fleet.start()
         await eventually(lambda: all(f.state() is not None for f in fleet.followers), 60,
-                         lambda: "clients did not get their snapshots")
+                         "clients did not get their snapshots", period=0.05)
         # Judge the followers whose stream is open and has its snapshot at SIGTERM: a
         # follower between two streams (one just cut off under load, say) may find the
         # port already closed, which says nothing about how open streams end.
@@ -114,7 +116,7 @@ async def test_sigterm_during_churn_ends_every_stream_cleanly_and_exits_zero(
         assert await asyncio.wait_for(proc.wait(), 20) == 0
         live = [f for f in fleet.followers if f.index in open_at]
         await eventually(lambda: all(len(f.statuses) > open_at[f.index] for f in live), 10,
-                         lambda: "streams still open after the server exited")
+                         "streams still open after the server exited", period=0.05)
         ends = [(f.model, f.statuses[open_at[f.index]]) for f in live]
         # Every stream, server-streaming Get and bidirectional ADS alike, ends with the
         # OK the server wrote: the server closes its connections only after the last

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,10 +28,6 @@ def good_folder(root: Path) -> Path:
     return root
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 2.0) -> float:
-    return await eventually(predicate, timeout, period=0.01)
-
-
 def test_files_source_reads_multi_document_files(tmp_path: Path) -> None:
     cluster = Cluster()
     FilesSource(good_folder(tmp_path)).sync(cluster)
@@ -40,7 +35,7 @@ def test_files_source_reads_multi_document_files(tmp_path: Path) -> None:
     assert len(cluster.slices) == 1 and len(cluster.pods) == 1
 
 
-async def test_files_source_sees_adds_edits_and_deletes_within_a_second(tmp_path: Path) -> None:
+async def test_files_source_follows_adds_edits_and_deletes(tmp_path: Path) -> None:
     cluster = Cluster()
     source = FilesSource(good_folder(tmp_path), poll_interval=0.2)
     synced = asyncio.Event()
@@ -48,13 +43,64 @@ async def test_files_source_sees_adds_edits_and_deletes_within_a_second(tmp_path
     try:
         await synced.wait()
         write(tmp_path / "api.yaml", service("api"))
-        assert await until(lambda: ServiceKey("app", "api") in cluster.services) < 1.0
+        await eventually(lambda: ServiceKey("app", "api") in cluster.services)
         write(tmp_path / "api.yaml", service("api", ports=[{"name": "grpc", "port": 9090}]))
-        await until(lambda: cluster.services[ServiceKey("app", "api")].ports[0].port == 9090)
+        await eventually(
+            lambda: cluster.services[ServiceKey("app", "api")].ports[0].port == 9090)
         (tmp_path / "api.yaml").unlink()
-        assert await until(lambda: ServiceKey("app", "api") not in cluster.services) < 1.0
+        await eventually(lambda: ServiceKey("app", "api") not in cluster.services)
     finally:
         task.cancel()
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty", "no-manifests"])
+def test_a_files_source_with_nothing_to_serve_is_refused(tmp_path: Path, folder: str) -> None:
+    root = tmp_path / folder
+    if folder != "missing":
+        root.mkdir()
+    if folder == "no-manifests":
+        (root / "notes.txt").write_text("not a manifest")
+    with pytest.raises(SourceSpecError, match=str(root)):
+        make_source(f"files:{root}")
+
+
+async def test_a_files_source_refuses_to_start_on_a_missing_folder(tmp_path: Path) -> None:
+    source = FilesSource(tmp_path / "gone")
+    with pytest.raises(SourceSpecError, match="not a directory"):
+        await source.run(Cluster(), asyncio.Event())
+
+
+@pytest.mark.parametrize("how", ["emptied", "removed"])
+def test_a_folder_that_loses_its_manifests_is_stale_until_they_return(
+        tmp_path: Path, how: str) -> None:
+    root = tmp_path / "m"
+    root.mkdir()
+    good_folder(root)
+    cluster = Cluster()
+    source = FilesSource(root)
+    source.sync(cluster)
+    assert not source.stale
+    saved = (root / "web.yaml").read_text()
+    with structlog.testing.capture_logs() as logs:
+        (root / "web.yaml").unlink()
+        if how == "removed":
+            root.rmdir()
+        for _ in range(3):  # three polls of the lost folder
+            source.sync(cluster)
+            assert source.stale
+    assert source.stale_reason is not None and str(root) in source.stale_reason
+    assert [e["reason"] for e in logs if e["log_level"] == "error"] == [
+        "holds no manifests" if how == "emptied" else "is missing"]  # once, not per poll
+    # An outage, not an empty cluster: the last state is still served.
+    assert ServiceKey("app", "web") in cluster.services
+    root.mkdir(exist_ok=True)
+    (root / "web.yaml").write_text(saved)
+    source.sync(cluster)
+    assert not source.stale and source.stale_reason is None
+    assert ServiceKey("app", "web") in cluster.services
+    (root / "api.yaml").write_text(yaml.safe_dump(service("api")))
+    source.sync(cluster)
+    assert ServiceKey("app", "api") in cluster.services  # followed again
 
 
 def test_a_file_that_does_not_parse_keeps_its_last_good_state(tmp_path: Path) -> None:
@@ -172,7 +218,7 @@ def test_bad_scenarios_name_the_key(raw: object, message: str) -> None:
 
 
 def test_demo_serves_the_counts_its_readme_promises() -> None:
-    """examples/demo/README.md's table, checked against what the core computes."""
+    """bridge/sources/demo/README.md's table, checked against what the core computes."""
     from bridge.model import FilterKey, MeshConfig, ViewKey
     from bridge.views import ViewRegistry
 
