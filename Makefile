@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint bench protos install clean envtest chromium h2spec
+.PHONY: run test lint bench protos install clean envtest chromium h2spec helm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ install: $(STAMP)
 run: install
 	$(BIN)/meshbridge serve --source demo
 
-test: install envtest chromium h2spec
+test: install envtest chromium h2spec helm
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
@@ -32,6 +32,11 @@ envtest:
 # once from the Go module proxy (under a minute) and cached after that.
 h2spec:
 	bash scripts/h2spec.sh >/dev/null
+
+# helm, for the chart's lint/template/apply test, built once from the Go module proxy
+# (two to three minutes on a fresh 2-core machine) and cached.
+helm:
+	bash scripts/helm.sh >/dev/null
 
 # Debian's Chromium, for the admin page's browser test (as root, like CI).
 chromium:
