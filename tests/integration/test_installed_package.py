@@ -104,9 +104,9 @@ def venv_with(wheel: Path) -> Path:
             try:
                 run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                      wheel], timeout=900)
-            except (AssertionError, subprocess.TimeoutExpired) as e:
-                shutil.rmtree(venv, ignore_errors=True)
-                pytest.skip(f"could not install the wheel's dependencies (no index?): {e}")
+            except (AssertionError, subprocess.TimeoutExpired):
+                shutil.rmtree(venv, ignore_errors=True)  # the next run starts clean
+                raise
             complete.touch()
         run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
              "--no-deps", "--force-reinstall", wheel], timeout=300)
