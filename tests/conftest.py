@@ -31,7 +31,7 @@ async def make_app() -> AsyncIterator[AppFactory]:
     """Start Apps on 127.0.0.1 with ephemeral ports; all are stopped at teardown.
 
     make_app(manifests_dir, config=MeshConfig(...), layers=[...], grpc_transport=...,
-             **extra_options)
+             layer_options=(XdsOptions(...), ...), **extra_options)
     """
     apps: list[App] = []
 
@@ -40,11 +40,12 @@ async def make_app() -> AsyncIterator[AppFactory]:
         config: MeshConfig | None = None,
         layers: Iterable[ProtocolLayer] | None = None,
         grpc_transport: str = "native",
+        layer_options: tuple[object, ...] = (),
         **extra: object,
     ) -> App:
         source = FilesSource(manifests, poll_interval=0.05)
         options = ServeOptions("127.0.0.1:0", "127.0.0.1:0", dict(extra),
-                               grpc_transport=grpc_transport)
+                               grpc_transport=grpc_transport, layer_options=layer_options)
         app = App(source, config, options,
                   list(layers) if layers is not None else protocol_layers())
         apps.append(app)
