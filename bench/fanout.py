@@ -251,9 +251,8 @@ def idle_check(app: Any, protocol: str) -> Any:
         streams = app.service("linkerd").streams
         return lambda: all(len(q) == 0 for q in streams)
     from xds_api import resource_types as rt
-    from xds_api import service as xds_service
 
-    runners = xds_service.SERVICES[app].runners
+    runners = app.service("xds").runners
 
     def idle() -> bool:
         for r in runners:

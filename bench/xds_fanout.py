@@ -188,7 +188,7 @@ class Meshbridge:
         self.app.cluster.apply(objects([dict(slice_doc, endpoints=eps)]))
 
     def settled(self, streams: int) -> bool:
-        runners = xds_service.SERVICES[self.app].runners
+        runners = self.app.service("xds").runners
         done = sum(1 for r in runners if (s := r.stream.subs.get(rt.ENDPOINT)) is not None
                    and s.acked_version and s.acked_version == s.version_sent)
         return done >= streams

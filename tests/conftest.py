@@ -31,7 +31,7 @@ async def make_app() -> AsyncIterator[AppFactory]:
     """Start Apps on 127.0.0.1 with ephemeral ports; all are stopped at teardown.
 
     make_app(manifests_dir, config=MeshConfig(...), layers=[...], grpc_transport=...,
-             **extra_options)
+             layer_options=(XdsOptions(...), ...), **extra_options)
     """
     apps: list[App] = []
 

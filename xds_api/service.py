@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import weakref
-from collections.abc import Callable
+import math
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -26,8 +26,9 @@ from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError
 
 from bridge.views import View
-from meshbridge.app import App
+from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
+from meshbridge.writes import NowaitWriter, nowait_writer
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.metrics import XdsMetrics
@@ -60,23 +61,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "before its stream is cut off")
 
 
-def register(app: App, server: grpc.aio.Server) -> None:
-    service = XdsService(app)
+@dataclass(frozen=True, slots=True)
+class XdsOptions:
+    """The xDS layer's options (`--xds-*`)."""
+
+    # Send terminating endpoints that still serve as DRAINING instead of leaving them out.
+    draining: bool = False
+    # Seconds a response may wait for a client that does not read before its stream
+    # is cut off.
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.draining, bool):
+            raise ValueError(f"xDS draining must be true or false, not {self.draining!r}")
+        if isinstance(self.write_timeout, bool) \
+                or not isinstance(self.write_timeout, (int, float)) \
+                or not (math.isfinite(self.write_timeout) and self.write_timeout > 0):
+            raise ValueError(f"the xDS write timeout must be a positive number of seconds, "
+                             f"not {self.write_timeout!r}")
+
+
+def options_from_args(args: argparse.Namespace) -> XdsOptions:
+    """The options `add_arguments` parsed."""
+    return XdsOptions(draining=bool(args.xds_draining),
+                      write_timeout=float(args.xds_write_timeout))
+
+
+def register(host: Host, server: grpc.aio.Server) -> None:
+    """Mount the xDS services on the host's gRPC server; the service is kept on the
+    host as "xds" (tests and tools reach it with `host.service("xds")`)."""
+    service = XdsService(host, host.options_for(XdsOptions))
     server.add_generic_rpc_handlers(service.handlers())
-    app.on_stop(service.stop)
-    app.renderers["xds"] = service.render_view
-    SERVICES[app] = service
-
-    def forget() -> None:
-        # The entry's value refers to its key, so the weak key alone would never
-        # let a stopped App (and its whole cluster cache) be freed.
-        SERVICES.pop(app, None)
-
-    app.on_stop(forget)
-
-
-# The xDS service of each running App, for tests, benchmarks and debug pages.
-SERVICES: weakref.WeakKeyDictionary[App, XdsService] = weakref.WeakKeyDictionary()
+    host.on_stop(service.stop)
+    host.add_renderer("xds", service.render_view)
+    host.keep("xds", service)
 
 
 def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
@@ -89,20 +107,19 @@ def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
 
 
 class XdsService:
-    def __init__(self, app: App) -> None:
-        extra = app.options.extra
-        self.metrics = XdsMetrics(app.metrics)
-        self.cache = ResourceCache(app.cluster, app.views, app.config.cluster_domain,
-                                   draining=bool(extra.get("xds_draining", False)),
-                                   metrics=self.metrics)
-        self.app = app
+    def __init__(self, host: Host, options: XdsOptions | None = None) -> None:
+        options = options or XdsOptions()
+        self.options = options
+        self.metrics = XdsMetrics(host.metrics)
+        self.cache = ResourceCache(host.cluster, host.views, host.config.cluster_domain,
+                                   draining=options.draining, metrics=self.metrics)
+        self.streams = host.streams
         # Names per xDS request: the core's --max-resource-names.
-        self.max_names = app.options.limits.max_resource_names or DEFAULT_MAX_NAMES
-        self.write_timeout = float(str(extra.get("xds_write_timeout")
-                                       or DEFAULT_WRITE_TIMEOUT))
+        self.max_names = host.limits.max_resource_names or DEFAULT_MAX_NAMES
+        self.write_timeout = options.write_timeout
         self.runners: set[StreamRunner] = set()
-        # Streams with something to write on the native server, written in one callback
-        # at the end of this loop turn (one change to 5,000 streams: one callback).
+        # Streams with something to write, written in one callback at the end of this
+        # loop turn (one change to 5,000 streams: one callback).
         self._due: list[StreamRunner] = []
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -129,14 +146,14 @@ class XdsService:
         self._ensure_sweeper()
         runner = StreamRunner(self, stream_cls, ads, context)
         self.runners.add(runner)
-        self.app.streams.add(runner.info)
+        self.streams.add(runner.info)
         gauge = self.metrics.streams[stream_cls.api]
         gauge.inc()
         try:
             await runner.run(context)
         finally:
             gauge.dec()
-            self.app.streams.remove(runner.info)
+            self.streams.remove(runner.info)
             self.runners.discard(runner)
 
     async def _fetch_endpoints(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -260,8 +277,9 @@ class StreamRunner:
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._context = context
-        # The native server's synchronous write (h2grpc); None on grpc.aio's.
-        self._nowait: Callable[[bytes], bool] | None = getattr(context, "write_nowait", None)
+        # A write that takes the message now if the server can (never on grpc.aio);
+        # when it cannot, a writer task awaits `context.write`.
+        self._nowait: NowaitWriter = nowait_writer(context)
         self._soon = False  # queued for the service's write_now callback
         self._writer: asyncio.Task[None] | None = None
         self._scheduled = False
@@ -271,26 +289,23 @@ class StreamRunner:
         self.write_started: float | None = None
 
     def wake(self) -> None:
-        """Something may be due: start the writer, or have the running one look again."""
+        """Something may be due: write it at the end of this loop turn (so that wakes
+        from one change coalesce), or have the running writer look again."""
         if self._writer is not None:
             self._scheduled = True
-        elif not (self._ending or self._cut_off):
-            if self._nowait is None:
-                self._writer = asyncio.get_running_loop().create_task(self._flush())
-            elif not self._soon:
-                # Later in this loop turn, so that wakes from one change coalesce.
-                self._soon = True
-                self.service.write_soon(self)
+        elif not (self._ending or self._cut_off or self._soon):
+            self._soon = True
+            self.service.write_soon(self)
 
     def write_now(self) -> None:
-        """Write what is due without a task (the native server takes a message at once
-        while its client keeps up); a writer task starts only when the stream must
-        wait for its client. A fan-out to thousands of streams creates no task."""
+        """Write what is due without a task while the server takes messages at once
+        (the native one does while its client keeps up); a writer task starts only
+        when the stream must wait. A fan-out to thousands of streams creates no task."""
         self._soon = False
         if self._writer is not None:
             self._scheduled = True
             return
-        if self._ending or self._cut_off or self._nowait is None:
+        if self._ending or self._cut_off:
             return
         try:
             responses = self.stream.take_responses()

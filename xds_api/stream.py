@@ -1,10 +1,11 @@
 """The SotW and delta stream state machines: how a subscription is streamed.
 
 A stream takes decoded requests (`handle`), is told by the cache when a watched
-resource may have changed (`resource_changed`, `on_view_change`), and produces the
+resource may have changed (`resource_changed`, `endpoints_changed`), and produces the
 encoded responses that are due (`take_responses`), in CDS, EDS, LDS, RDS order. It
 owns one `Subscription` per type and knows nothing of gRPC: `service.py` reads,
 writes and maps `StreamError`s to statuses, so these classes are unit-tested as is.
+It reaches the resource cache through `Resources` alone (the mux in `cache.py`).
 
 Responses are computed when written, from the current state, never queued: a slow
 reader gets the latest state once it catches up, and memory per stream stays bounded.
@@ -13,17 +14,17 @@ reader gets the latest state once it catches up, and memory per stream stays bou
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from bridge.views import View, ViewChange
+from bridge.views import View
 from meshbridge.stream_registry import StreamInfo
 from xds_api import resource_types as rt
 from xds_api import wire
-from xds_api.cache import Reply, ResourceCache
+from xds_api.caches.type_cache import Reply, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.resources import EncodedResource
 from xds_api.subscription import ABSENT, NameChange, Subscription
@@ -65,6 +66,25 @@ NODE_NAME_METADATA = "NODE_NAME"
 MAX_QUEUED_UNKNOWN = 16
 
 
+class Resources(Protocol):
+    """The resource cache, as a stream sees it: routed by the subscription's type."""
+
+    metrics: XdsMetrics
+
+    def watch(self, sub: Subscription, change: NameChange, watcher: Watcher) -> None:
+        """Follow a change of the subscription's names (and `*`)."""
+
+    def release(self, sub: Subscription, watcher: Watcher) -> None:
+        """Drop every watch of the subscription: its stream is over."""
+
+    def wildcard_names(self, type_url: str) -> Iterable[str]:
+        """What `*` covers for the type."""
+
+    def sotw_reply(self, sub: Subscription) -> Reply | None: ...
+
+    def delta_reply(self, sub: Subscription) -> Reply | None: ...
+
+
 class StreamError(Exception):
     """The request breaks the protocol; the stream ends with a clear status."""
 
@@ -88,7 +108,7 @@ class XdsStream:
 
     def __init__(
         self,
-        cache: ResourceCache,
+        cache: Resources,
         *,
         ads: bool = True,
         wake: Callable[[], None] | None = None,
@@ -174,11 +194,11 @@ class XdsStream:
         sub.dirty.add(name)
         self._wake()
 
-    def on_view_change(self, view: View, change: ViewChange) -> None:
+    def endpoints_changed(self, name: str, view: View) -> None:
         sub = self.subs.get(rt.ENDPOINT)
         if sub is None:
             return
-        sub.dirty.add(view.key.authority(self.cache.cluster_domain))
+        sub.dirty.add(name)
         if self.info is not None:
             self.info.changed(view.published_at)
         self._wake()
@@ -233,14 +253,7 @@ class XdsStream:
             shown = sorted(sub.names)
             self.info.state(rt.short_name(t)).subscribed = tuple(
                 [rt.WILDCARD, *shown] if sub.wildcard else shown)
-        if change.removed:
-            self.cache.unwatch(t, change.removed, self)
-        if change.added:
-            self.cache.watch(t, change.added, self)
-        if change.wildcard_added:
-            self.cache.watch_wildcard(t, self)
-        if change.wildcard_removed:
-            self.cache.unwatch_wildcard(t, self)
+        self.cache.watch(sub, change, self)
 
     def _log_nack(self, sub: Subscription, nonce: str, version: str, code: int,
                   message: str) -> None:
@@ -283,10 +296,7 @@ class XdsStream:
             return
         self._closed = True
         for sub in self.subs.values():
-            if sub.names:
-                self.cache.unwatch(sub.type_url, sub.names, self)
-            if sub.wildcard:
-                self.cache.unwatch_wildcard(sub.type_url, self)
+            self.cache.release(sub, self)
 
 
 class SotwStream(XdsStream):

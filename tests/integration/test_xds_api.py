@@ -23,7 +23,7 @@ from meshbridge.app import App
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import DEMO, Manifests, eventually, service_with_addresses
 from xds_api import resource_types as rt
-from xds_api.service import SERVICES
+from xds_api.service import XdsOptions
 
 CDS, EDS = rt.CLUSTER, rt.ENDPOINT
 WEB = "web.emojivoto.svc.cluster.local:80"
@@ -183,7 +183,7 @@ async def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path,
                                                       make_app: AppFactory) -> None:
     manifests = tmp_path / "m"
     manifests.mkdir()
-    app: App = await make_app(manifests, xds_write_timeout=0.3)
+    app: App = await make_app(manifests, layer_options=(XdsOptions(write_timeout=0.3),))
     addresses = [f"10.1.{i // 250}.{i % 250 + 1}" for i in range(3000)]
 
     def publish(count: int) -> None:
@@ -281,7 +281,7 @@ async def test_debug_pages_show_xds_streams_and_the_cla(demo_dir: Path,
         assert xds["endpoints"]["10.244.1.10:8080"]["health"] == "HEALTHY"
         assert xds["message"]["cla"]["cluster_name"] == WEB
         call.cancel()
-    assert SERVICES[app].cache.port_names() == sorted(DEMO)
+    assert app.service("xds").cache.port_names() == sorted(DEMO)
 
 
 async def test_stopping_the_server_ends_streams_cleanly(demo_dir: Path,

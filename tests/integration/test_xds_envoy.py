@@ -17,7 +17,7 @@ from tests.integration.xds_helpers import (
     eventually,
     service_with_addresses,
 )
-from xds_api.service import SERVICES
+from xds_api.service import XdsOptions
 
 pytestmark = pytest.mark.envoy
 
@@ -133,7 +133,7 @@ async def check_config_dump(envoy: Envoy) -> None:
 
 async def test_envoy_sees_draining_endpoints_only_when_asked(demo_dir: Path, tmp_path: Path,
                                                              make_app: AppFactory) -> None:
-    app: App = await make_app(demo_dir, xds_draining=True)
+    app: App = await make_app(demo_dir, layer_options=(XdsOptions(draining=True),))
     binary = envoy_binary()
     assert binary is not None
     web = "web.emojivoto.svc.cluster.local:80"
@@ -146,4 +146,4 @@ async def test_envoy_sees_draining_endpoints_only_when_asked(demo_dir: Path, tmp
                               ("10.244.3.10", 8080): "DRAINING"}, health
         await eventually(probe, 20.0, "the terminating web pod as DRAINING")
         await assert_no_nack(envoy, app)
-    assert SERVICES[app].cache.draining
+    assert app.service("xds").cache.draining

@@ -5,7 +5,7 @@ from __future__ import annotations
 from envoy.service.discovery.v3 import discovery_pb2
 
 from tests.unit.builders import load, service
-from tests.unit.test_xds_support import CDS, EDS, World, ips, name, unpack
+from tests.unit.xds_support import CDS, EDS, World, ips, name, unpack
 
 WEB, API = name("web"), name("api")
 
@@ -82,7 +82,7 @@ def test_an_external_name_service_has_an_empty_cla_until_it_changes_type() -> No
     world.add_service("mail", ["10.0.5.5"])
     assert ips(unpack(client.one(EDS).resources[0])) == ["10.0.5.5"]
     client.stream.close()
-    assert world.views.views() == [] and not world.cache._blocked
+    assert world.views.views() == [] and not world.cache.endpoints._blocked
 
 
 def test_streams_sharing_a_view_with_linkerd_subscribers_see_the_same_version() -> None:

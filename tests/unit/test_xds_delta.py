@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_xds_support import (
+from tests.unit.xds_support import (
     CDS,
     EDS,
     LDS,

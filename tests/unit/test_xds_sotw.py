@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.builders import endpoint, endpoint_slice, load, pod
-from tests.unit.test_xds_support import (
+from tests.unit.xds_support import (
     CDS,
     EDS,
     LDS,
@@ -263,7 +263,7 @@ def test_an_empty_named_request_unsubscribes_without_a_response() -> None:
     assert client.responses() == []
     world.set_port_protocol("web", "grpc")
     assert client.responses() == []
-    assert not world.cache._watchers[CDS]
+    assert not world.cache.clusters.watchers.by_name
 
 
 def test_an_unknown_type_is_answered_once_and_empty() -> None:
@@ -341,7 +341,8 @@ def test_closing_a_stream_releases_its_views_and_watches() -> None:
     assert len(world.views.views()) == 2
     client.stream.close()
     assert world.views.views() == []
-    assert not world.cache._wildcard[CDS] and not world.cache._watchers[LDS]
+    assert not world.cache.clusters.watchers.wildcard
+    assert not world.cache.listeners.watchers.by_name
 
 
 def test_dropping_a_name_under_the_wildcard_resends_the_full_state() -> None:
