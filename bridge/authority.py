@@ -3,7 +3,7 @@
 The same string is a Linkerd `Get` path, an xDS Cluster and ClusterLoadAssignment
 name and a proxyless-gRPC Listener name. `<instance>.<svc>.<ns>.svc.<domain>` names
 one StatefulSet pod (matched against the endpoint hostname). The rules are Linkerd's
-(spec §2.1, §2.3): no short names, no default namespace, no trailing dot, the cluster
+(Linkerd §2.1, §2.3): no short names, no default namespace, no trailing dot, the cluster
 domain must match, IP hosts are not service names.
 """
 

@@ -1,6 +1,6 @@
 """Enrichment: what both protocols need to know about an endpoint beyond its address.
 
-The rules follow Linkerd 2.20's destination controller (spec §3.3-3.6, §4.4, §4.8),
+The rules follow Linkerd 2.20's destination controller (Linkerd §3.3-3.6, §4.4, §4.8),
 computed once per endpoint and per change, never per subscriber. Everything here is
 protocol-neutral: the Linkerd layer turns it into `WeightedAddr` fields, the xDS layer
 into endpoint metadata.
@@ -23,7 +23,7 @@ ENV_CONTROL = "LINKERD2_PROXY_CONTROL_LISTEN_ADDR"
 GATEWAY_IDENTITY_ANNOTATION = "mirror.linkerd.io/remote-gateway-identity"
 REMOTE_FQN_ANNOTATION = "mirror.linkerd.io/remote-svc-fq-name"
 
-# Owners a ReplicaSet or Job is looked through to (spec §3.3).
+# Owners a ReplicaSet or Job is looked through to (Linkerd §3.3).
 _GRANDPARENT_KINDS = frozenset({"Deployment", "StatefulSet", "DaemonSet", "Job"})
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-# Linkerd's Helm default for `-default-opaque-ports` (spec §4.10).
+# Linkerd's Helm default for `-default-opaque-ports` (Linkerd §4.10).
 DEFAULT_OPAQUE_PORTS = "25,587,3306,4444,5432,6379,9300,11211"
 
-# The meshed HTTP/2 client parameters Linkerd's Helm chart passes (spec §3.7), as the
+# The meshed HTTP/2 client parameters Linkerd's Helm chart passes (Linkerd §3.7), as the
 # proto-JSON (snake_case) mapping the destination controller reads.
 DEFAULT_MESHED_HTTP2_PARAMS: Mapping[str, Any] = MappingProxyType(
     {"keep_alive": {"interval": {"seconds": 10}, "timeout": {"seconds": 3}, "while_idle": True}}
@@ -36,7 +36,7 @@ class ServiceKey:
 class FilterKey:
     """What makes two subscribers of one service port see different endpoint sets.
 
-    Linkerd keys its shared filtered listener groups the same way (spec §4.6): the
+    Linkerd keys its shared filtered listener groups the same way (Linkerd §4.6): the
     subscriber's node (for topology hints and internalTrafficPolicy=Local), the
     StatefulSet instance it asked for, and whether filtering applies at all.
     """
@@ -62,7 +62,7 @@ class ViewKey:
 
 @dataclass(frozen=True, slots=True, order=True)
 class EndpointId:
-    """The identity of an endpoint across slices (spec §4.4): a pod plus its address
+    """The identity of an endpoint across slices (Linkerd §4.4): a pod plus its address
     family, so a dual-stack pod is one endpoint per family and a pod moving between
     slices keeps its identity; addresses with no pod are named after the address."""
 
@@ -154,7 +154,7 @@ class MeshConfig:
         int(p) for p in DEFAULT_OPAQUE_PORTS.split(",")
     )
     enable_h2_upgrade: bool = True
-    # Helm's default outbound transport mode is transport-header (spec §4.10).
+    # Helm's default outbound transport mode is transport-header (Linkerd §4.10).
     force_opaque_transport: bool = True
     enable_ipv6: bool = True
     zone_weights: bool = False

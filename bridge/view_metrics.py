@@ -1,4 +1,4 @@
-"""Linkerd's destination metrics for the shared views (spec §4.9), one series per View.
+"""Linkerd's destination metrics for the shared views (Linkerd §4.9), one series per View.
 
 The names and labels are Linkerd's, so existing dashboards carry over. One difference,
 by design: a View is shared by both protocols, so `endpoints_subscribers` counts every

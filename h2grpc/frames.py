@@ -125,7 +125,7 @@ def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
 
 
 def literal(name: bytes, value: bytes) -> bytes:
-    """A literal field without indexing, with a literal name (§6.2.2), no Huffman."""
+    """A literal field without indexing, with a literal name (RFC 7541 §6.2.2), no Huffman."""
     return (b"\x00" + _integer(len(name), 7) + name + _integer(len(value), 7) + value)
 
 

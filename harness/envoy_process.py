@@ -32,7 +32,7 @@ def envoy_binary() -> str | None:
 
 def bootstrap(xds_port: int, api_type: str, node_id: str, cluster: str = "meshbridge",
               locality: dict[str, str] | None = None) -> dict[str, Any]:
-    """Envoy's ADS bootstrap (specs/xds.md §4.1), GRPC or DELTA_GRPC."""
+    """Envoy's ADS bootstrap (xDS §4.1), GRPC or DELTA_GRPC."""
     node: dict[str, Any] = {"id": node_id, "cluster": cluster}
     if locality:
         node["locality"] = locality

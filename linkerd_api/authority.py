@@ -2,7 +2,7 @@
 
 Authorities are parsed by the core (`bridge.authority`), so a name means the same to
 Linkerd clients, xDS clients and the debug pages; this module adds what is Linkerd's
-own (spec §2.1-2.3): port 80 when none is given, the length of a DNS name, a clear
+own (§2.1-2.3): port 80 when none is given, the length of a DNS name, a clear
 word on trailing dots, and the context token. Nothing here knows about gRPC: a bad
 request raises `AuthorityError` and `linkerd_api.service` maps it to a status.
 """
@@ -17,7 +17,7 @@ from bridge import authority as core
 from bridge.authority import AuthorityError
 from bridge.model import ServiceKey
 
-# The port a proxy means when its authority names none (spec §2.1).
+# The port a proxy means when its authority names none (§2.1).
 DEFAULT_PORT = 80
 # RFC 1035: a name is at most 253 characters (the core bounds the whole authority).
 MAX_NAME_LENGTH = 253
@@ -39,7 +39,7 @@ class HostPort:
 @dataclass(frozen=True, slots=True)
 class ServiceName:
     """`<svc>.<ns>.svc.<domain>`, or `<instance>.<svc>.<ns>.svc.<domain>` for one
-    StatefulSet pod (spec §2.3)."""
+    StatefulSet pod (§2.3)."""
 
     service: ServiceKey
     instance: str = ""
@@ -47,7 +47,7 @@ class ServiceName:
 
 @dataclass(frozen=True, slots=True)
 class ContextToken:
-    """What the calling proxy says about itself (spec §2.2). All fields optional."""
+    """What the calling proxy says about itself (§2.2). All fields optional."""
 
     ns: str = ""
     node_name: str = ""
@@ -77,7 +77,7 @@ def split_host_port(path: str) -> HostPort:
 
 
 def parse_service_name(host: str, cluster_domain: str) -> ServiceName:
-    """Read a fully qualified service name (parseK8sServiceName, spec §2.3).
+    """Read a fully qualified service name (parseK8sServiceName, §2.3).
 
     Short names, the default namespace, trailing dots and other cluster domains are
     refused: a proxy always asks for the fully qualified name.
@@ -91,7 +91,7 @@ def parse_service_name(host: str, cluster_domain: str) -> ServiceName:
 def parse_context_token(token: str) -> ContextToken:
     """Read a proxy's context token: JSON `{"ns","nodeName","pod"}` (a trailing
     newline included, as the proxy injector writes it), or the legacy `ns:<ns>`.
-    Anything else is an empty token, never an error (spec §2.2)."""
+    Anything else is an empty token, never an error (§2.2)."""
     if not token.strip():
         return ContextToken()
     if len(token) > MAX_TOKEN_LENGTH:

@@ -3,7 +3,7 @@
 A View tells each of its subscribers about a new version; the first Linkerd
 subscriber to hear of it encodes the version's messages into `View.cache`, every
 other one reuses those very bytes, so N streams cost one serialization and N
-queue appends (DESIGN: cost grows with changes, not with subscribers).
+queue appends: what a change costs grows with the changes, not with the subscribers.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class UpdateEncoder:
     proto: the destination API's own contract. A service that does not exist gets
       `no_endpoints{exists:false}`, one with no ready endpoint `no_endpoints{exists:
       true}`, at subscribe time and whenever the set becomes empty.
-    linkerd-2.20: what Linkerd's 2.20 controller does (spec §1.7, §2.5): never
+    linkerd-2.20: what Linkerd's 2.20 controller does (§1.7, §2.5): never
       `no_endpoints`; an empty set is silence, a deleted service a `remove` of all.
     Both send the whole set as one `add` first, then `add` before `remove` per change.
     """
@@ -79,7 +79,7 @@ class UpdateEncoder:
     def _diff_messages(self, view: View, change: ViewChange) -> list[bytes]:
         added, removed = ready_diff(change)
         out: list[bytes] = []
-        # Add before remove, as Linkerd's publishDiff does (spec §2.5).
+        # Add before remove, as Linkerd's publishDiff does (§2.5).
         if added:
             out.append(self.translator.add(added, self._labels(view)))
         if removed:

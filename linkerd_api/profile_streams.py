@@ -5,7 +5,7 @@ Like Views for Get, every GetProfile stream that asks the same question shares o
 compared with what was last sent, and the same bytes are queued on every stream.
 An unchanged profile is not re-sent ("a new message whenever the result changes").
 
-Two kinds of question (spec §2.6):
+Two kinds of question (§2.6):
   ServiceProfileKey   a service port, as named or by cluster IP: ServiceProfiles
                       (the client's namespace first, then the service's) + opaque ports
   EndpointProfileKey  one workload address, by pod IP, host IP:port, or StatefulSet
@@ -37,7 +37,7 @@ from linkerd_api.translate import Translator
 
 log = structlog.get_logger("meshbridge.linkerd.profiles")
 
-# Terminated pods keep their IP in status but no longer own it (spec §2.9).
+# Terminated pods keep their IP in status but no longer own it (§2.9).
 _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -89,13 +89,13 @@ class Publication:
 
 
 def profile_name(service: ServiceKey, cluster_domain: str) -> str:
-    """The name a ServiceProfile for `service` has (spec §2.8 ProfileIDs)."""
+    """The name a ServiceProfile for `service` has (§2.8 ProfileIDs)."""
     return f"{service.name}.{service.namespace}.svc.{cluster_domain}"
 
 
 def pods_at(cluster: Cluster, ip: str, port: int) -> tuple[str, list[Pod]]:
     """The pods that own ip (or ip:port through a hostPort), as Linkerd's workload
-    watcher looks them up (spec §2.9): the pod IP index first, which leaves out
+    watcher looks them up (§2.9): the pod IP index first, which leaves out
     host-network and finished or terminating pods, then host IP and hostPort.
     Returns which index answered, for the conflict message, and the pods."""
     owners = [
@@ -126,7 +126,7 @@ def workload_at(cluster: Cluster, ip: str, port: int) -> Pod | None:
 
 def instance_ip(cluster: Cluster, service: ServiceKey, instance: str) -> str:
     """The pod IP behind `<instance>.<svc>.<ns>.svc...`: the endpoint of the service's
-    slices whose hostname is `instance` (spec §2.9)."""
+    slices whose hostname is `instance` (§2.9)."""
     for slice_ in cluster.slices_of(service):
         for ep in slice_.endpoints:
             if ep.hostname != instance:
@@ -244,7 +244,7 @@ class ProfileRegistry:
 
     def _service_profile(self, key: ServiceProfileKey) -> dst.DestinationProfile:
         name = profile_name(key.service, self.config.cluster_domain)
-        # The client's own ServiceProfile wins over the service's (spec §2.8 fallback).
+        # The client's own ServiceProfile wins over the service's (§2.8 fallback).
         chosen: ServiceProfile | None = None
         if key.client_ns:
             chosen = self.cluster.profiles.get((key.client_ns, name))

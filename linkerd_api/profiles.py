@@ -1,4 +1,4 @@
-"""ServiceProfiles and workloads -> `DestinationProfile`: pure converters (spec §2.8, §2.9).
+"""ServiceProfiles and workloads -> `DestinationProfile`: pure converters (§2.8, §2.9).
 
 A ServiceProfile arrives as the raw `spec` mapping its manifest had; it is checked
 and converted here, the only place that reads it. A conversion error drops the
@@ -40,7 +40,7 @@ from linkerd_api.translate import Translator, tcp_address
 
 log = structlog.get_logger("meshbridge.linkerd.profiles")
 
-# Linkerd's default retry budget (spec §2.8): 20% extra load, 10 retries/s, 10 s window.
+# Linkerd's default retry budget (§2.8): 20% extra load, 10 retries/s, 10 s window.
 DEFAULT_RETRY_RATIO = 0.2
 DEFAULT_MIN_RETRIES_PER_SECOND = 10
 DEFAULT_RETRY_TTL_SECONDS = 10
@@ -135,7 +135,7 @@ def go_split_host_port_ok(text: str) -> bool:
 
 
 def service_opaque_ports(svc: Service, config: MeshConfig) -> frozenset[int]:
-    """The Service's opaque ports (spec §2.8): its annotation, whose entries are port
+    """The Service's opaque ports (§2.8): its annotation, whose entries are port
     numbers, ranges or Service port names, else the controller defaults. A bad entry
     is logged and skipped, as Linkerd does; an empty value is an empty set."""
     value = svc.meta.annotations.get(OPAQUE_PORTS_ANNOTATION)
@@ -263,7 +263,7 @@ def service_profile(
     out.parent_ref.resource.CopyFrom(meta.Resource(
         group="core", kind="Service", name=service.name, namespace=service.namespace,
         port=port))
-    # Set even for the implicit default profile, as Linkerd does (spec §2.8).
+    # Set even for the implicit default profile, as Linkerd does (§2.8).
     out.profile_ref.resource.group = "linkerd.io"
     spec: Mapping[str, Any] = {}
     if profile is not None:
@@ -350,7 +350,7 @@ def endpoint_profile(
     ip: str, port: int, pod: Pod | None, cluster: Cluster, config: MeshConfig,
     translator: Translator,
 ) -> dst.DestinationProfile:
-    """The profile of one workload address (spec §2.9): the endpoint as Get would
+    """The profile of one workload address (§2.9): the endpoint as Get would
     describe it, plus its namespace label, and whether the port is opaque. `pod` is
     the running pod behind the address, or None. Raises EnrichError when the pod is
     meshed but cannot be described (no proxy container)."""

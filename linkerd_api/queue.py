@@ -1,5 +1,5 @@
 """The bounded per-stream queue between the core (which must never block) and one
-gRPC stream (which may be slow), as Linkerd's translators have (spec §3.1)."""
+gRPC stream (which may be slow), as Linkerd's translators have (§3.1)."""
 
 from __future__ import annotations
 

@@ -63,9 +63,9 @@ from meshbridge.stream_registry import StreamInfo
 log = structlog.get_logger("meshbridge.linkerd")
 
 SERVICE_NAME = "io.linkerd.proxy.destination.Destination"
-DEFAULT_STREAM_QUEUE_CAPACITY = 100  # Linkerd's default (spec §3.1)
+DEFAULT_STREAM_QUEUE_CAPACITY = 100  # Linkerd's default (§3.1)
 
-# The one place a refusal becomes a status (STYLE: one mapping, domain errors elsewhere).
+# The one place a refusal becomes a status: the domain code raises errors and knows no gRPC.
 STATUS_OF: dict[type[DestinationError], grpc.StatusCode] = {
     BadRequest: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownService: grpc.StatusCode.NOT_FOUND,
@@ -212,7 +212,7 @@ class DestinationService:
             self.host.views.unsubscribe(key, stream)
 
     def _endpoint_key(self, path: str, token: ContextToken, peer: str) -> ViewKey:
-        """Get's request checks, in Linkerd's order (spec §2.4)."""
+        """Get's request checks, in Linkerd's order (§2.4)."""
         try:
             hp = split_host_port(path)
         except AuthorityError as e:
@@ -260,7 +260,7 @@ class DestinationService:
             self.profiles.unsubscribe(stream)
 
     def _profile_key(self, path: str, token: ContextToken, peer: str) -> ProfileKey:
-        """GetProfile's request checks and lookups, in Linkerd's order (spec §2.6)."""
+        """GetProfile's request checks and lookups, in Linkerd's order (§2.6)."""
         try:
             hp = split_host_port(path)
         except AuthorityError as e:
@@ -352,7 +352,7 @@ class DestinationService:
     def _token(self, request: dst.GetDestination, peer: str, method: str) -> ContextToken:
         token = parse_context_token(request.context_token)
         if token.form == "invalid":
-            # Not an error (spec §2.2): the stream is served with no client context.
+            # Not an error (§2.2): the stream is served with no client context.
             log.warning("context token not understood; serving without it", method=method,
                         peer=peer, authority=request.path,
                         token=request.context_token[:200])
@@ -365,7 +365,7 @@ class DestinationService:
                               peer: str) -> None:
         svc = self.cluster.services.get(service)
         if svc is not None and svc.type != "ExternalName" and svc.port(port) is None:
-            # Served anyway, with the port itself as the target port (spec §4.3).
+            # Served anyway, with the port itself as the target port (§4.3).
             log.info("port not declared by the service; using it as the target port",
                      method=method, peer=peer, namespace=service.namespace,
                      service=service.name, port=port)

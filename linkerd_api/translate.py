@@ -1,9 +1,9 @@
 """View changes -> destination `Update` bytes: a pure converter, like Linkerd's
-endpoint translator (spec §3.2-3.6). Called once per View version, never per stream.
+endpoint translator (§3.2-3.6). Called once per View version, never per stream.
 
 Readiness is the Linkerd layer's own policy: the View keeps endpoints that are ready
 or still serving while terminating (so xDS can drain them); Linkerd announces only
-ready ones (spec §4.4), so an endpoint that stops being ready is a `remove` here.
+ready ones (§4.4), so an endpoint that stops being ready is a `remove` here.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ Addr = tuple[str, int]
 
 
 def tcp_address(ip: str, port: int) -> net.TcpAddress:
-    """Linkerd's address encoding (spec §1.3): IPv4 as a big-endian fixed32, IPv6 as
+    """Linkerd's address encoding (§1.3): IPv4 as a big-endian fixed32, IPv6 as
     two big-endian fixed64 halves. `::ffff:a.b.c.d` stays IPv6, as in Go."""
     parsed = ipaddress.ip_address(ip)
     addr = net.TcpAddress(port=port)
@@ -85,7 +85,7 @@ def _durations_as_text(value: Any, descriptor: Any) -> Any:
 
 
 def set_labels(cluster: Cluster, service: ServiceKey) -> dict[str, str]:
-    """The `metric_labels` of a whole `add` (spec §3.2): the service, its namespace,
+    """The `metric_labels` of a whole `add` (§3.2): the service, its namespace,
     and for a mirrored service the cluster and service it mirrors."""
     labels = {"service": service.name, "namespace": service.namespace}
     for slice_ in cluster.slices_of(service):
@@ -118,7 +118,7 @@ class Translator:
             wa.metric_labels["zone_locality"] = resolved.zone_locality
         if enr.identity:
             wa.tls_identity.dns_like_identity.name = enr.identity
-            # A gateway identity (no pod) carries no SNI name (spec §3.5).
+            # A gateway identity (no pod) carries no SNI name (§3.5).
             if enr.server_name:
                 wa.tls_identity.server_name.name = enr.server_name
         hint = enr.hint

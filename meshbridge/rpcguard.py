@@ -1,6 +1,6 @@
 """One server interceptor for every RPC on the shared port: the per-client stream
 limit and the `grpc_server_*` metrics (go-grpc-prometheus names and labels, as
-Linkerd's controller exports them, spec §4.9).
+Linkerd's controller exports them, Linkerd §4.9).
 
 Handlers are wrapped without changing their shape (grpc.aio drives a handler by its
 function type): an async-generator handler is counted per yielded message; a

@@ -1,7 +1,7 @@
 """Protocol state of one (stream, type): what the client asked for, what it was sent.
 
 One small value per resource type per stream, in the shape of go-control-plane's
-`stream.Subscription`. Each field exists for a rule of ../shared/specs/xds.md, cited
+`stream.Subscription`. Each field exists for a rule of docs/protocol/xds.md, cited
 beside it; the methods apply a request's subscription change by those rules and say
 which names were added and removed, for the stream to (un)watch in the cache.
 """

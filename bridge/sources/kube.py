@@ -51,7 +51,7 @@ LAG_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
 class KindSpec:
     kind: str
     path: str
-    lag_metric: str  # Linkerd's `<kind>_informer_lag_seconds` name (spec §4.9)
+    lag_metric: str  # Linkerd's `<kind>_informer_lag_seconds` name (Linkerd §4.9)
     cache_metric: str  # Linkerd's `<kind>_cache_size` name
     optional: bool = False  # a CRD that may not be installed
 

@@ -1,6 +1,6 @@
 """Views: the one enriched, filtered endpoint set that every subscriber shares.
 
-The shape is Linkerd's destination watcher (spec §4.2, §4.6), one class per level,
+The shape is Linkerd's destination watcher (Linkerd §4.2, §4.6), one class per level,
 each owning its own work; a parent only routes to its children:
 
     ViewRegistry   (registry.py)        every watched service port: routes each cluster

@@ -1,6 +1,6 @@
 """One service port: its slices merged, deduplicated and enriched, and its Views.
 
-Linkerd's port publisher (spec §4.3-4.5): it owns the port's endpoints before any
+Linkerd's port publisher (Linkerd §4.3-4.5): it owns the port's endpoints before any
 subscriber's filter, computed once per change, and the Views that filter them.
 """
 
@@ -81,7 +81,7 @@ class PortPublisher:
         self, memo: EnrichMemo | None = None, used: EnrichMemo | None = None,
     ) -> tuple[bool, Mapping[EndpointId, Endpoint]]:
         """Whether the service exists, and every endpoint of this port merged across its
-        slices (spec §4.3-4.5). `memo` holds earlier results to reuse; `used` receives
+        slices (Linkerd §4.3-4.5). `memo` holds earlier results to reuse; `used` receives
         the results this merge used.
 
         A later slice (in name order) wins an ID collision, as an update of the slice

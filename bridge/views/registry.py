@@ -1,6 +1,6 @@
 """Every watched service port: routes cluster changes and subscriptions, nothing more.
 
-Linkerd's endpoints watcher (spec §4.2): the merging, enriching, filtering and diffing
+Linkerd's endpoints watcher (Linkerd §4.2): the merging, enriching, filtering and diffing
 belong to the `PortPublisher` and `View` it routes to.
 """
 

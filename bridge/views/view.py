@@ -1,6 +1,6 @@
 """One filter key of one service port: its snapshot, its diff, its subscribers.
 
-Linkerd's filtered listener group (spec §4.6): every subscriber whose request filters
+Linkerd's filtered listener group (Linkerd §4.6): every subscriber whose request filters
 the port's endpoints the same way shares one View, so a change is filtered and diffed
 once for all of them.
 """
@@ -120,7 +120,7 @@ class View:
     def filter(
         self, available: Mapping[EndpointId, Endpoint], previous: Snapshot = EMPTY,
     ) -> dict[EndpointId, ResolvedEndpoint]:
-        """Apply the filter key (spec §4.6 filterAddresses) and resolve what depends on
+        """Apply the filter key (Linkerd §4.6, filterAddresses) and resolve what depends on
         the subscriber: zone locality and weight. An endpoint resolved as in `previous`
         is that very object, so the diff can compare by identity."""
         fk = self.key.filter

@@ -2,7 +2,7 @@
 
 Each side's latest word about one target is an `Answer`: the normalised endpoint set
 plus the *signal* that carried it, because the two documented Linkerd semantics
-(spec §1.7, §2.5) say "empty" and "does not exist" differently:
+(Linkerd §1.7, §2.5) say "empty" and "does not exist" differently:
 
     signal                      proto semantics         linkerd-2.20 semantics
     service has endpoints       add                     add
@@ -47,10 +47,10 @@ LINKERD_220_SIGNALS: Final = frozenset({NOT_FOUND, SILENT, REMOVED_ALL})
 # What a signal says about existence; None: it cannot tell.
 _EXISTENCE: Final[Mapping[str, bool | None]] = {
     ENDPOINTS: True, NO_ENDPOINTS: True, ABSENT: False, NOT_FOUND: False,
-    # 2.20 sends nothing for a service that exists without endpoints (§2.5); a missing
+    # 2.20 sends nothing for a service that exists without endpoints (Linkerd §2.5); a missing
     # one would have ended NOT_FOUND.
     SILENT: True,
-    # 2.20 says a deletion only by removing every address (§2.5).
+    # 2.20 says a deletion only by removing every address (Linkerd §2.5).
     REMOVED_ALL: None,
     EMPTY: None, NO_ANSWER: False, REMOVED: False,
 }
@@ -179,7 +179,7 @@ def _compatible(a: Answer, b: Answer) -> bool:
     ea, eb = a.existence, b.existence
     if ea is None or eb is None or ea == eb:
         return True
-    # 2.20 stays silent when an endpoint-less service is deleted (§2.5): proto's
+    # 2.20 stays silent when an endpoint-less service is deleted (Linkerd §2.5): proto's
     # no_endpoints{false} after it said the service existed is that same deletion.
     return any(x.signal == ABSENT and x.existed and y.signal == SILENT
                for x, y in ((a, b), (b, a)))

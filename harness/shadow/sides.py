@@ -159,7 +159,7 @@ class LinkerdSide:
             self.sink(target, Answer(signal, st.state(), existed=existed))
 
         def silent() -> None:
-            # linkerd-2.20 sends nothing for a service without endpoints (§2.5).
+            # linkerd-2.20 sends nothing for a service without endpoints (Linkerd §2.5).
             if not heard:
                 self.sink(target, Answer(SILENT))
 

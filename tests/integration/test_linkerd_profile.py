@@ -1,6 +1,6 @@
 """GetProfile over real gRPC on loopback: service profiles (by name and cluster IP),
 endpoint profiles (by pod IP, host port and StatefulSet pod name), updates when the
-answer changes and only then, and bad input (spec §2.6, §2.8, §2.9)."""
+answer changes and only then, and bad input (Linkerd §2.6, §2.8, §2.9)."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ async def destination(scripts: Mapping[str, Sequence[Step]]) -> AsyncIterator[st
 
 async def test_the_two_semantics_are_told_apart_from_endpoint_differences(
         tmp_path: Path) -> None:
-    """Proto semantics on ours, 2.20 on theirs (spec §1.7, §2.5): the same truth in
+    """Proto semantics on ours, 2.20 on theirs (Linkerd §1.7, §2.5): the same truth in
     different words is "semantics"; a real gap is not."""
     ours: dict[str, list[Step]] = {
         "empty": [no_endpoints(True)],

@@ -1,4 +1,4 @@
-"""Random request sequences never break the xDS rules (../shared/specs/xds.md §1-2).
+"""Random request sequences never break the xDS rules (xDS §1-2).
 
 Hypothesis drives a SotW or a delta stream state machine (the real `SotwStream` /
 `DeltaStream` over a real cache and cluster, no gRPC) with random programs: requests

@@ -1,4 +1,4 @@
-"""Enrichment rules (spec §3.3-3.6, §4.8), one endpoint at a time."""
+"""Enrichment rules (Linkerd §3.3-3.6, §4.8), one endpoint at a time."""
 
 from __future__ import annotations
 

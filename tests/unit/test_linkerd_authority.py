@@ -1,4 +1,4 @@
-"""Authorities and context tokens, as the destination API reads them (spec §2.1-2.3).
+"""Authorities and context tokens, as the destination API reads them (Linkerd §2.1-2.3).
 
 Tables, because the rules are tables. The last tests pin three core fixes found
 while building the Linkerd layer (non-ASCII digits in ports; logging bound to a

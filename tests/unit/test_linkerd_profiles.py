@@ -1,4 +1,4 @@
-"""ServiceProfiles and workloads -> DestinationProfile (spec §2.8, §2.9), and the shared
+"""ServiceProfiles and workloads -> DestinationProfile (Linkerd §2.8, §2.9), and the shared
 profile publications that GetProfile streams read."""
 
 from __future__ import annotations

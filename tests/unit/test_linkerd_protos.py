@@ -1,6 +1,6 @@
 """The Linkerd destination API bindings: freshness and wire compatibility.
 
-The tables below restate the field tables of the linkerd-destination spec, section 1
+The tables below restate upstream's field tables (Linkerd §1.2-1.6)
 (linkerd2-proxy-api v0.20.0). They are checked against the descriptors compiled from
 linkerd_api/proto/*.proto, so any drift in a name, number, type, label or oneof fails.
 """
@@ -103,7 +103,7 @@ def test_generated_modules_import_siblings_as_package() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Descriptor tables (spec section 1)
+# Descriptor tables (Linkerd §1.2-1.6)
 # ---------------------------------------------------------------------------
 
 # Per message: (field name, number, type, oneof name or None). Type is a scalar name,

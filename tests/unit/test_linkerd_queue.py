@@ -1,5 +1,5 @@
 """The per-stream bounded queue: never blocks the core, ends a stream that falls
-behind instead of growing (spec §3.1)."""
+behind instead of growing (Linkerd §3.1)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """From View versions to `Update` bytes: address encoding, WeightedAddr content, the
-Linkerd readiness projection, both semantics, and encode-once (spec §1.3, §2.5, §3)."""
+Linkerd readiness projection, both semantics, and encode-once (Linkerd §1.3, §2.5, §3)."""
 
 from __future__ import annotations
 
@@ -332,7 +332,7 @@ def test_a_meshed_pod_in_transparent_mode_without_h2_upgrade_has_an_empty_hint()
                                                         enable_h2_upgrade=False))
     load(cluster, service("web"), pod("web-a", "10.0.0.1"), web(endpoint("10.0.0.1", "web-a")))
     wa = first_addr(cluster, registry, encoder)
-    # Present though empty: a meshed pod port always has a hint (spec §3.3).
+    # Present though empty: a meshed pod port always has a hint (Linkerd §3.3).
     assert wa.HasField("protocol_hint")
     assert wa.protocol_hint.WhichOneof("protocol") is None
     assert not wa.protocol_hint.HasField("opaque_transport")

@@ -56,7 +56,7 @@ VERDICTS = [
     # (ours, theirs, status, missing_on)
     (eps(A, B), eps(A, B), EQUAL, ""),
     (eps(A), eps(A, B), DIFFERS, ""),
-    # The two documented semantics (spec §1.7, §2.5) saying the same thing.
+    # The two documented semantics (Linkerd §1.7, §2.5) saying the same thing.
     (Answer(ABSENT), Answer(NOT_FOUND, status="NOT_FOUND: x"), SEMANTICS, ""),
     (Answer(NO_ENDPOINTS), Answer(SILENT), SEMANTICS, ""),
     (Answer(SILENT), Answer(NO_ENDPOINTS), SEMANTICS, ""),

@@ -1,6 +1,6 @@
 """Whatever a client subscribes to and whatever changes in the cluster, a client that
 applies each response by the protocol's rules and ACKs it ends up holding exactly the
-server's current resources, and is then sent nothing more (specs/xds.md §1.6, §2).
+server's current resources, and is then sent nothing more (xDS §1.6, §2).
 
 A model client per variant: SotW replaces the whole set for CDS/LDS and updates named
 entries for EDS/RDS; delta adds, replaces and removes per resource.

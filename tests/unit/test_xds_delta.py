@@ -1,4 +1,4 @@
-"""The incremental (delta) stream state machine against the rules of specs/xds.md §2."""
+"""The incremental (delta) stream state machine against the rules of xDS §2."""
 
 from __future__ import annotations
 

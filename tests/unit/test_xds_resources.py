@@ -1,4 +1,4 @@
-"""Resources built from the View (specs/xds.md §3.4, §4.3, §5.3) and their encoding."""
+"""Resources built from the View (xDS §3.4, §4.3, §5.3) and their encoding."""
 
 from __future__ import annotations
 

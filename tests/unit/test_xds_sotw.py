@@ -1,4 +1,4 @@
-"""The state-of-the-world stream state machine against the rules of specs/xds.md §1."""
+"""The state-of-the-world stream state machine against the rules of xDS §1."""
 
 from __future__ import annotations
 
