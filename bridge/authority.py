@@ -22,12 +22,17 @@ class AuthorityError(ValueError):
     """The authority names no service port; the message says why."""
 
 
+def service_host(service: ServiceKey, cluster_domain: str) -> str:
+    """A service's DNS name, `<svc>.<ns>.svc.<domain>` (a ServiceProfile is named so)."""
+    return f"{service.name}.{service.namespace}.svc.{cluster_domain}"
+
+
 def format_authority(service: ServiceKey, port: int, cluster_domain: str,
                      instance: str = "") -> str:
     """The one spelling of a service port's name: `<svc>.<ns>.svc.<domain>:<port>`, or
     `<instance>.<svc>.<ns>.svc.<domain>:<port>` for one StatefulSet pod. Every name the
     process writes comes from here, so `parse_authority` reads back what it wrote."""
-    host = f"{service.name}.{service.namespace}.svc.{cluster_domain}"
+    host = service_host(service, cluster_domain)
     if instance:
         host = f"{instance}.{host}"
     return f"{host}:{port}"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from bridge.authority import service_host
 from bridge.cluster import Cluster, ClusterChange, ListenerStage, PodKey
 from bridge.enrich import EnrichError
 from bridge.model import MeshConfig, ServiceKey
@@ -90,7 +91,7 @@ class Publication:
 
 def profile_name(service: ServiceKey, cluster_domain: str) -> str:
     """The name a ServiceProfile for `service` has (§2.8 ProfileIDs)."""
-    return f"{service.name}.{service.namespace}.svc.{cluster_domain}"
+    return service_host(service, cluster_domain)
 
 
 def pods_at(cluster: Cluster, ip: str, port: int) -> tuple[str, list[Pod]]:
@@ -213,7 +214,7 @@ class ProfileRegistry:
         key = pub.key
         if isinstance(key, ServiceProfileKey):
             name = profile_name(key.service, self.config.cluster_domain)
-            return (key.service in change.services
+            return (change.touches(key.service)
                     or (key.client_ns, name) in change.profiles
                     or (key.service.namespace, name) in change.profiles)
         return (key.ip in changed_ips

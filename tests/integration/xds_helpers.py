@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-# Every demo service port as an xDS cluster, written from examples/demo's manifests
+# Every demo service port as an xDS cluster, written from bridge/sources/demo's manifests
 # (not computed by meshbridge): {name: {(ip, port): zone}}. The default View has no
 # subscriber node, so node-local-agent (internalTrafficPolicy: Local) has none, as
 # for a Linkerd client without a node; ExternalName legacy/mail is no cluster.
