@@ -18,7 +18,6 @@ import yaml
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import address_text
 from meshbridge.app import App
-from tests import polling
 
 SERVICE = "/io.linkerd.proxy.destination.Destination"
 DEADLINE = 10.0
@@ -149,11 +148,6 @@ def remove_objects(folder: Path, match: Callable[[dict[str, Any]], bool]) -> lis
     edit(folder, drop)
     assert removed, "nothing matched"
     return removed
-
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    """Poll until `condition` holds, failing after `timeout` seconds."""
-    await polling.eventually(condition, timeout, f"timed out waiting for {what}", period=0.01)
 
 
 def metric(app: App, name: str, labels: dict[str, str] | None = None) -> float:

@@ -9,7 +9,6 @@ import asyncio
 import io
 import json
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 
 from harness.shadow.cli import add_arguments, run_shadow
+from tests.polling import eventually
 
 DOMAIN = "svc.cluster.local"
 WEB = f"web.emojivoto.{DOMAIN}:80"
@@ -140,16 +140,22 @@ class ShadowRun:
         return latest
 
     async def until(self, check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """What `check()` returned once truthy; fails at once if shadow ends first."""
+        result: Any = None
+
+        def holds() -> bool:
+            nonlocal result
             if self.task.done():
                 raise AssertionError(f"shadow ended ({self.task.result()}) before: {what}")
             result = check()
-            if result:
-                return result
-            await asyncio.sleep(0.05)  # polling shadow's output with a deadline
-        shown = {t: (e["status"], e.get("differences")) for t, e in self.latest().items()}
-        raise AssertionError(f"timed out waiting for: {what}; latest: {shown}")
+            return bool(result)
+
+        def why() -> str:
+            shown = {t: (e["status"], e.get("differences")) for t, e in self.latest().items()}
+            return f"timed out waiting for: {what}; latest: {shown}"
+
+        await eventually(holds, timeout, why, period=0.05)
+        return result
 
     async def finish(self) -> tuple[int, dict[str, Any]]:
         self.stop.set()

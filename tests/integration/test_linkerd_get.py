@@ -27,9 +27,9 @@ from tests.integration.linkerd_support import (
     metric,
     named,
     remove_objects,
-    until,
     write_docs,
 )
+from tests.polling import eventually
 
 AppFactory = Any
 
@@ -465,8 +465,8 @@ async def test_a_port_the_service_does_not_declare_is_served_as_the_target_port(
 
 
 async def _until_subscribed(app: Any, n: int, method: str = "Get") -> None:
-    await until(lambda: metric(app, "destination_streams", {"method": method}) >= n,
-                f"{n} {method} streams to be open")
+    await eventually(lambda: metric(app, "destination_streams", {"method": method}) >= n,
+                     why=f"timed out waiting for {n} {method} streams to be open")
 
 
 async def test_streams_are_listed_for_debugging_and_counted(
@@ -483,9 +483,9 @@ async def test_streams_are_listed_for_debugging_and_counted(
         state = info.types[WEB]
         assert state.subscribed == (WEB,) and int(state.last_sent_version) >= 1
         stream.cancel()
-        await until(lambda: not app.streams.all()
-                    and not metric(app, "destination_streams", {"method": "Get"}),
-                    "the cancelled stream to be forgotten")
+        await eventually(lambda: not app.streams.all()
+                         and not metric(app, "destination_streams", {"method": "Get"}),
+                         why="timed out waiting for the cancelled stream to be forgotten")
 
 
 async def test_stopping_the_server_ends_streams_with_ok(

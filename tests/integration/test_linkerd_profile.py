@@ -20,9 +20,9 @@ from tests.integration.linkerd_support import (
     metric,
     named,
     remove_objects,
-    until,
     write_docs,
 )
+from tests.polling import eventually
 
 AppFactory = Any
 
@@ -100,9 +100,9 @@ async def test_a_profile_is_resent_when_it_changes_and_only_then(
                          "labels": {"kubernetes.io/service-name": "payments"}},
             "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}],
             "endpoints": [{"addresses": ["10.244.1.90"]}]}])
-        await until(lambda: ("EndpointSlice", "shop", "payments-x") in app.cluster.slices
-                    and "GET /api/all" in str(app.cluster.profiles[
-                        ("emojivoto", WEB)].spec), "the unrelated changes to be applied")
+        await eventually(lambda: ("EndpointSlice", "shop", "payments-x") in app.cluster.slices
+                         and "GET /api/all" in str(app.cluster.profiles[("emojivoto", WEB)].spec),
+                         why="timed out waiting for the unrelated changes to be applied")
         # Barrier: this profile's own change must be the next message.
         write_docs(demo_dir / "61-payments-profile.yaml", [{
             "apiVersion": "linkerd.io/v1alpha2", "kind": "ServiceProfile",
@@ -144,8 +144,9 @@ async def test_a_profile_that_cannot_be_converted_is_not_sent(
                     rc["condition"]["status"]["max"] = 999
                 return doc
             edit(demo_dir, break_status)
-            await until(lambda: any(e["event"] == "profile not sent: cannot be built"
-                                    for e in logs), "the broken profile to be seen")
+            await eventually(lambda: any(e["event"] == "profile not sent: cannot be built"
+                                         for e in logs),
+                             why="timed out waiting for the broken profile to be seen")
             # Barrier: the next message is the one after the fix; nothing came between.
             edit(demo_dir, lambda d: _fix_status(_retitle(d, "emojivoto", "POST /api/vote",
                                                           "vote")))

@@ -4,7 +4,6 @@ as a Linkerd and an xDS client follow a change."""
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,35 +19,42 @@ from tests.polling import eventually
 TARGET = "catalog.shop.svc.cluster.local:80"
 
 
-def scrape(app: App) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(app: App) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}/metrics", timeout=3) as r:
         text = r.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
-          **labels: str) -> float:
+def value(samples: Samples, name: str, **labels: str) -> float:
     """The sum of the samples of `name` whose labels include `labels`."""
     return sum(v for (n, ls), v in samples.items()
                if n == name and set(labels.items()) <= set(ls))
-
-
-async def until(check: Any, timeout: float = 10.0) -> None:
-    await eventually(check, timeout)
 
 
 async def test_metrics_series_move_as_clients_follow_a_change(
     make_app: Any, demo_dir: Path
 ) -> None:
     app = await make_app(demo_dir)
+    after: Samples = {}
+
+    async def converged() -> bool:
+        nonlocal after
+        after = await asyncio.to_thread(scrape, app)  # a thread: the admin port is on this loop
+        return (value(after, "meshbridge_convergence_seconds_count", protocol="linkerd-get") >= 1
+                and value(after, "meshbridge_convergence_seconds_count", protocol="xds-sotw") >= 1)
+
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
         get = LinkerdClient(channel, [TARGET])
         ads = XdsClient(channel, [TARGET])
         tasks = [asyncio.create_task(get.run()), asyncio.create_task(ads.run())]
         try:
-            await until(lambda: len(get.state[TARGET].state()) == 6
-                        and len(ads.state[TARGET].state()) == 6)
+            await eventually(lambda: len(get.state[TARGET].state()) == 6
+                             and len(ads.state[TARGET].state()) == 6,
+                             why="both clients did not get catalog's 6 endpoints")
             before = await asyncio.to_thread(scrape, app)
             view = dict(namespace="shop", service="catalog", port="80")
             assert value(before, "endpoints_subscribers", **view) == 2
@@ -68,19 +74,11 @@ async def test_metrics_series_move_as_clients_follow_a_change(
                     doc["endpoints"] = doc["endpoints"][1:]
                     break
             path.write_text(yaml.safe_dump_all(docs))
-            await until(lambda: len(get.state[TARGET].state()) == 5
-                        and len(ads.state[TARGET].state()) == 5)
+            await eventually(lambda: len(get.state[TARGET].state()) == 5
+                             and len(ads.state[TARGET].state()) == 5,
+                             why="both clients did not follow the removed endpoint")
 
-            deadline = time.monotonic() + 10
-            while True:  # the scrape runs in a thread: the admin port is on this loop
-                after = await asyncio.to_thread(scrape, app)
-                if (value(after, "meshbridge_convergence_seconds_count",
-                          protocol="linkerd-get") >= 1
-                        and value(after, "meshbridge_convergence_seconds_count",
-                                  protocol="xds-sotw") >= 1):
-                    break
-                assert time.monotonic() < deadline, "no convergence was observed"
-                await asyncio.sleep(0.02)
+            await eventually(converged, 10, "no convergence was observed")
         finally:
             for task in tasks:
                 task.cancel()

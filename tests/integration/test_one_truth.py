@@ -5,7 +5,6 @@ and both equal the View they were encoded from."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from bridge.authority import parse_authority
 from harness.clients import LinkerdClient, XdsClient
 from harness.normalize import NormalEndpoint, State
 from meshbridge.app import App
+from tests.polling import eventually
 
 
 def demo_targets(app: App) -> list[str]:
@@ -48,21 +48,23 @@ def view_truth(app: App, target: str) -> State | None:
 
 async def converged(app: App, linkerd: LinkerdClient, xds: list[XdsClient],
                     targets: list[str], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        bad = [t for t in targets
-               if not (linkerd.state[t].state() == view_truth(app, t)
-                       and all(x.state[t].state() == view_truth(app, t) for x in xds))]
-        if not bad:
-            return
-        if time.monotonic() > deadline:
-            t = bad[0]
-            truth = sorted(view_truth(app, t) or ())
-            raise AssertionError(
-                f"{len(bad)} targets disagree, e.g. {t}:\n view    {truth}"
+    bad: list[str] = []
+
+    def agree() -> bool:
+        bad[:] = [t for t in targets
+                  if not (linkerd.state[t].state() == view_truth(app, t)
+                          and all(x.state[t].state() == view_truth(app, t) for x in xds))]
+        return not bad
+
+    def why() -> str:
+        t = bad[0]
+        truth = sorted(view_truth(app, t) or ())
+        return (f"{len(bad)} targets disagree, e.g. {t}:\n view    {truth}"
                 f"\n linkerd {sorted(linkerd.state[t].state())}"
-                + "".join(f"\n {x.model:7} {sorted(x.state[t].state())}" for x in xds))
-        await asyncio.sleep(0.02)
+                + "".join(f"\n {x.model:7} {sorted(x.state[t].state())}" for x in xds)
+                + "\n")
+
+    await eventually(agree, timeout, why)
 
 
 async def test_linkerd_and_xds_clients_hold_the_same_truth_through_churn(
@@ -93,10 +95,8 @@ async def test_linkerd_and_xds_clients_hold_the_same_truth_through_churn(
                     break
             path.write_text(yaml.safe_dump_all(docs))
             before = view_truth(app, "catalog.shop.svc.cluster.local:80")
-            deadline = time.monotonic() + 5
-            while view_truth(app, "catalog.shop.svc.cluster.local:80") == before:
-                assert time.monotonic() < deadline, "the source did not see the edit"
-                await asyncio.sleep(0.02)
+            await eventually(lambda: view_truth(app, "catalog.shop.svc.cluster.local:80")
+                             != before, 5, "the source did not see the edit")
             await converged(app, linkerd, [sotw, delta], targets)
             assert len(linkerd.state["catalog.shop.svc.cluster.local:80"].state()) == 5
         finally:
@@ -122,12 +122,10 @@ async def test_a_node_sees_the_same_filtered_truth_over_both_protocols(
         clients: list[LinkerdClient | XdsClient] = [linkerd, *xds]
         tasks = [asyncio.create_task(c.run()) for c in clients]
         try:
-            deadline = time.monotonic() + 10
-            while not all(len(c.state[t].state()) == n for c in clients
-                          for t, n in ((catalog, 2), (agent, 1))):
-                assert time.monotonic() < deadline, (
-                    [sorted(c.state[t].state()) for c in clients for t in targets])
-                await asyncio.sleep(0.02)
+            await eventually(
+                lambda: all(len(c.state[t].state()) == n for c in clients
+                            for t, n in ((catalog, 2), (agent, 1))), 10,
+                lambda: str([sorted(c.state[t].state()) for c in clients for t in targets]))
             for t in targets:
                 assert all(x.state[t].state() == linkerd.state[t].state() for x in xds), t
                 assert {e.locality for e in linkerd.state[t].state()} == {"local"}

@@ -8,7 +8,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h2.config
@@ -20,6 +19,7 @@ from bridge.model import ServiceKey
 from bridge.sources import DEMO_DIR
 from bridge.sources.files import FilesSource
 from linkerd_api.proto import destination_pb2
+from tests.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "fuzz" / "fuzz_inputs.py"
@@ -108,11 +108,12 @@ async def test_a_manifest_nested_too_deeply_keeps_the_last_good_state(tmp_path: 
         (tmp_path / "api.yaml").write_text(
             "kind: Service\nmetadata: {name: api, namespace: app}\n"
             "spec: {ports: [{name: http, port: 80}]}\n")
-        deadline = time.monotonic() + 10
-        while ServiceKey("app", "api") not in cluster.services:
+
+        def followed() -> bool:
             assert not task.done(), task
-            assert time.monotonic() < deadline, "the source stopped following the folder"
-            await asyncio.sleep(0.02)  # polling with a deadline
+            return ServiceKey("app", "api") in cluster.services
+
+        await eventually(followed, 10, "the source stopped following the folder")
         assert ServiceKey("app", "web") in cluster.services  # its last good state
         assert not task.done()
     finally:
