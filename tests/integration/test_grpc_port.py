@@ -22,6 +22,7 @@ from cryptography.x509.oid import NameOID
 from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.limits import Limits
+from tests.polling import eventually
 
 METHOD = "/meshbridge.test.Hold/Stream"
 
@@ -66,10 +67,8 @@ async def test_streams_over_the_per_client_limit_are_refused_and_others_unaffect
             assert "--max-streams-per-client" in (err.value.details() or "")
             # The held streams are untouched; closing one makes room for a new one.
             held[0][0].cancel()
-            deadline = asyncio.get_running_loop().time() + 5
-            while app.rpc_guard.open.get("127.0.0.1", 0) >= 3:
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.01)
+            await eventually(lambda: app.rpc_guard.open.get("127.0.0.1", 0) < 3, 5,
+                             "the cancelled stream's place given back")
             _, msg = await first_message(ch)
             assert msg == b"hello"
             for call, _ in held[1:]:
@@ -183,10 +182,9 @@ async def test_grpc_server_metrics_count_streams_messages_and_codes(tmp_path: Pa
                 async for _ in refused:
                     pass
             call.cancel()
-            deadline = asyncio.get_running_loop().time() + 5
-            while sample("grpc_server_handled_total", grpc_code="Canceled") < 1:
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.01)
+            await eventually(
+                lambda: sample("grpc_server_handled_total", grpc_code="Canceled") >= 1, 5,
+                "the cancelled call counted")
     finally:
         await app.stop(0.1)
     assert sample("grpc_server_started_total") == 2

@@ -3,13 +3,14 @@ and waiting on a condition with a deadline (never a bare sleep)."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests import polling
 
 # Every demo service port as an xDS cluster, written from bridge/sources/demo's manifests
 # (not computed by meshbridge): {name: {(ip, port): zone}}. The default View has no
@@ -59,18 +60,16 @@ DEMO_HTTP2 = {"emoji.emojivoto.svc.cluster.local:8080",
 
 async def eventually(probe: Callable[[], Awaitable[tuple[bool, Any]]], timeout: float,
                      what: str, interval: float = 0.02) -> float:
-    """Poll `probe` until it reports success; return the seconds it took. Fails with the
-    last observation if the deadline passes."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    observed: Any = None
-    while True:
-        ok, observed = await probe()
-        if ok:
-            return loop.time() - start
-        if loop.time() - start > timeout:
-            raise AssertionError(f"{what}: not within {timeout}s; last seen: {observed!r}")
-        await asyncio.sleep(interval)  # polling period under a deadline
+    """tests.polling.eventually for a probe that also says what it saw: `probe` returns
+    (ok, observed), and a missed deadline names the last observation."""
+    seen: list[Any] = [None]
+
+    async def check() -> bool:
+        ok, seen[0] = await probe()
+        return ok
+
+    return await polling.eventually(check, timeout, lambda: f"{what}; last seen: {seen[0]!r}",
+                                    interval)
 
 
 class Manifests:
