@@ -7,9 +7,10 @@ Subscribes to the same targets on both servers, as a proxy of that API would
 (`harness.shadow.sides`), normalises both answers to the same endpoint form and compares
 them continuously (`harness.shadow.model`), and reports a live table or one JSON object
 per event, then a summary (`harness.shadow.report`); `harness.shadow.session` is one
-run. The exit status is 0 only if every target agrees at the end: same endpoints, or
+run. Every field is compared (`harness.shadow.fields`; `--fields` leaves named ones out).
+The exit status is 0 only if every target agrees at the end: same fields, or
 differences that only the two documented Linkerd semantics explain ("semantics";
-`--fail-on-semantics` counts those too).
+`--fail-on-semantics` counts those too); 1 otherwise; 2 for bad input.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from harness.shadow.fields import listing, schema_for, unknown_patterns
 from harness.shadow.report import make_report
-from harness.shadow.session import Shadow
+from harness.shadow.session import Shadow, ignored_fields
 from harness.shadow.targets import eds_name_template
 
 
@@ -54,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--all: seconds to wait for ours' first CDS answer")
     p.add_argument("--fail-on-semantics", action="store_true",
                    help="exit 1 also for differences the Linkerd semantics explain")
+    p.add_argument("--fields", "--ignore-fields", action="append", metavar="PATHS",
+                   help="field paths or patterns to leave out of the comparison, comma "
+                        "separated, repeatable (e.g. 'add.metric_labels.pod,profile.routes');"
+                        " see docs/shadow.md")
     p.add_argument("--cluster-domain", default="cluster.local",
                    help="for expanding short names in --targets")
     linkerd = p.add_argument_group("--api linkerd")
@@ -85,6 +91,12 @@ async def run_shadow(args: argparse.Namespace, out: TextIO | None = None,
         eds_name_template(args.theirs_eds_name)
     except (KeyError, IndexError, ValueError) as e:
         sys.stderr.write(f"meshbridge shadow: --theirs-eds-name: bad template: {e}\n")
+        return 2
+    unknown = list(unknown_patterns(args.api, ignored_fields(args)))
+    if unknown:
+        known = ", ".join(listing(schema_for(args.api)))
+        sys.stderr.write(f"meshbridge shadow: --fields: unknown field "
+                         f"{', '.join(map(repr, unknown))}; known fields: {known}\n")
         return 2
     report, note = make_report(args.json, out or sys.stdout)
     if note:

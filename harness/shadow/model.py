@@ -1,8 +1,9 @@
 """What `meshbridge shadow` compares, and how it decides: pure values, no I/O.
 
-Each side's latest word about one target is an `Answer`: the normalised endpoint set
-plus the *signal* that carried it, because the two documented Linkerd semantics
-(Linkerd §1.7, §2.5) say "empty" and "does not exist" differently:
+Each side's latest word about one target is an `Answer`: every field of its endpoints,
+of the set (or CLA) and of its profile, flattened to field paths (`harness.shadow.flat`),
+its stream's message counts, and the *signal* that carried it, because the two
+documented Linkerd semantics (Linkerd §1.7, §2.5) say "empty" and "does not exist" differently:
 
     signal                      proto semantics         linkerd-2.20 semantics
     service has endpoints       add                     add
@@ -10,6 +11,8 @@ plus the *signal* that carried it, because the two documented Linkerd semantics
     endpoints all went away     no_endpoints{true}      remove (every address)
     service does not exist      no_endpoints{false}     Get ends NOT_FOUND
     service deleted             no_endpoints{false}     remove (or silence)
+
+A Linkerd `add` with no addresses while none are known is what it is, `add(empty)`.
 
 `compare` turns two Answers into a `Verdict`; differences that only the right-hand
 column explains are "semantics", never endpoint differences. The `Tracker` keeps one
@@ -19,12 +22,13 @@ fresh disagreement counts, and the time both sides took to agree again.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
-from harness.normalize import NormalEndpoint, State
+from harness.shadow.fields import NOTHING, UNSET, FieldFilter
 
 # ---------------------------------------------------------------------- signals
 
@@ -36,6 +40,7 @@ ABSENT: Final = "no_endpoints{exists:false}"
 NOT_FOUND: Final = "NOT_FOUND"
 SILENT: Final = "silence"  # Linkerd: stream open, nothing sent within the settle time
 REMOVED_ALL: Final = "remove(all)"  # Linkerd: every address removed, no no_endpoints
+EMPTY_ADD: Final = "add(empty)"  # Linkerd: an add with no addresses, and none known
 NO_ANSWER: Final = "no answer"  # xDS SotW: a name never answered (xDS §1.7: absent)
 REMOVED: Final = "removed"  # xDS delta: removed_resources (xDS §2: does not exist)
 ERROR: Final = "error"  # the stream ended with a status that is no answer
@@ -52,6 +57,7 @@ _EXISTENCE: Final[Mapping[str, bool | None]] = {
     SILENT: True,
     # 2.20 says a deletion only by removing every address (Linkerd §2.5).
     REMOVED_ALL: None,
+    EMPTY_ADD: None,
     EMPTY: None, NO_ANSWER: False, REMOVED: False,
 }
 
@@ -60,24 +66,31 @@ _EXISTENCE: Final[Mapping[str, bool | None]] = {
 # no answer at all.
 REJECTIONS: Final = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED"})
 
-# Every endpoint field but the address, which is how endpoints are matched.
-ALL_FIELDS: Final = ("weight", "identity", "hint", "opaque_transport", "zone", "locality",
-                     "health")
-# What any xDS server's ClusterLoadAssignment carries without meshbridge's metadata.
-PLAIN_XDS_FIELDS: Final = ("weight", "zone", "health")
+# The message counters compared (`messages.<name>`); the others are only reported.
+COMPARED_COUNTERS: Final = ("redundant", "profile_redundant")
+
+FlatEndpoints = Mapping[str, Mapping[str, str]]  # endpoint key -> path below it -> value
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One side's latest word about one target."""
+    """One side's latest word about one target: the signal that carried it, and every
+    field as `path -> value` (`harness.shadow.fields`)."""
 
     signal: str = PENDING
-    endpoints: State = frozenset()
+    endpoints: FlatEndpoints = dataclasses.field(default_factory=dict)
     # What the side says about existence beyond the signal (xDS: its CDS), if anything.
     exists: bool | None = None
     status: str = ""  # "CODE: details" for NOT_FOUND and ERROR
     # This stream once said the target exists: a later ABSENT is a deletion.
     existed: bool = False
+    section: str = "add"  # how differences name an endpoint: add[...] or endpoint[...]
+    common: Mapping[str, str] = dataclasses.field(default_factory=dict)  # set.* / cla.* paths
+    # profile.* paths; None: not compared (xDS, or the side refuses GetProfile).
+    profile: Mapping[str, str] | None = None
+    profile_pending: bool = False
+    # This stream's messages by kind, and "redundant": those that changed nothing.
+    messages: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def existence(self) -> bool | None:
@@ -105,13 +118,13 @@ class Answer:
 class Difference:
     kind: str  # only-ours | only-theirs | field | missing | semantics | error
     endpoint: str = ""
-    field: str = ""
+    field: str = ""  # the full field path, e.g. add[10.0.0.1:80].metric_labels.pod
     ours: str = ""
     theirs: str = ""
 
     def text(self) -> str:
         if self.kind == "field":
-            return f"{self.endpoint} {self.field}: ours {self.ours} != theirs {self.theirs}"
+            return f"{self.field}: ours {self.ours} != theirs {self.theirs}"
         if self.kind in ("only-ours", "only-theirs"):
             return f"{self.endpoint} only on {self.kind[5:]}"
         return f"{self.kind}: ours {self.ours}, theirs {self.theirs}"
@@ -145,27 +158,53 @@ class Verdict:
         return self.status in AGREEING
 
 
-def _value(ep: NormalEndpoint, name: str) -> str:
-    return str(getattr(ep, name))
+def field_differences(ours: Mapping[str, str], theirs: Mapping[str, str], ignore: FieldFilter,
+                      prefix: str = "", endpoint: str = "") -> list[Difference]:
+    """Each path either side sets whose values differ (an unset one is `(unset)`)."""
+    out = []
+    for path in sorted(ours.keys() | theirs.keys()):
+        o, t = ours.get(path, UNSET), theirs.get(path, UNSET)
+        full = f"{prefix}.{path}" if prefix else path
+        if o != t and not ignore.ignores(full):
+            out.append(Difference("field", endpoint, full, o, t))
+    return out
 
 
-def endpoint_differences(ours: State, theirs: State,
-                         fields: Iterable[str] = ALL_FIELDS) -> list[Difference]:
+def endpoint_differences(ours: Answer, theirs: Answer,
+                         ignore: FieldFilter = NOTHING) -> list[Difference]:
     """Endpoints matched by address: those only one side has, and for the rest each
-    compared field that differs."""
-    by_o = {(e.address, e.port): e for e in ours}
-    by_t = {(e.address, e.port): e for e in theirs}
+    field that differs."""
     out: list[Difference] = []
-    for key in sorted(by_o.keys() | by_t.keys()):
-        o, t = by_o.get(key), by_t.get(key)
-        if t is None:
-            assert o is not None
-            out.append(Difference("only-ours", o.addr))
-        elif o is None:
-            out.append(Difference("only-theirs", t.addr))
+    section = ours.section
+    for key in sorted(ours.endpoints.keys() | theirs.endpoints.keys()):
+        o, t = ours.endpoints.get(key), theirs.endpoints.get(key)
+        where = f"{section}[{key}]"
+        if o is None or t is None:
+            if not ignore.ignores(where):
+                out.append(Difference("only-ours" if t is None else "only-theirs", key))
         else:
-            out.extend(Difference("field", o.addr, name, _value(o, name), _value(t, name))
-                       for name in fields if getattr(o, name) != getattr(t, name))
+            out.extend(field_differences(o, t, ignore, where, key))
+    return out
+
+
+def message_differences(ours: Answer, theirs: Answer,
+                        ignore: FieldFilter) -> list[Difference]:
+    out = []
+    for name in COMPARED_COUNTERS:
+        o, t = ours.messages.get(name, 0), theirs.messages.get(name, 0)
+        path = f"messages.{name}"
+        if o != t and not ignore.ignores(path):
+            out.append(Difference("field", "", path, str(o), str(t)))
+    return out
+
+
+def differences(ours: Answer, theirs: Answer,
+                ignore: FieldFilter = NOTHING) -> list[Difference]:
+    out = endpoint_differences(ours, theirs, ignore)
+    out += field_differences(ours.common, theirs.common, ignore)
+    if ours.profile is not None and theirs.profile is not None:
+        out += field_differences(ours.profile, theirs.profile, ignore)
+    out += message_differences(ours, theirs, ignore)
     return out
 
 
@@ -185,8 +224,7 @@ def _compatible(a: Answer, b: Answer) -> bool:
                for x, y in ((a, b), (b, a)))
 
 
-def compare(ours: Answer, theirs: Answer, fields: Iterable[str] = ALL_FIELDS) -> Verdict:
-    fields = tuple(fields)
+def compare(ours: Answer, theirs: Answer, ignore: FieldFilter = NOTHING) -> Verdict:
     errors = [(side, ans) for side, ans in (("ours", ours), ("theirs", theirs))
               if ans.signal == ERROR]
     if errors:
@@ -194,13 +232,13 @@ def compare(ours: Answer, theirs: Answer, fields: Iterable[str] = ALL_FIELDS) ->
             return Verdict(EQUAL)  # both reject the authority alike
         return Verdict(ERROR, (Difference("error", ours=ours.describe(),
                                           theirs=theirs.describe()),))
-    if PENDING in (ours.signal, theirs.signal):
+    if PENDING in (ours.signal, theirs.signal) or ours.profile_pending or theirs.profile_pending:
         return Verdict(PENDING)
     if not _compatible(ours, theirs):
         side = "ours" if ours.existence is False else "theirs"
         return Verdict(MISSING, (Difference("missing", ours=ours.describe(),
                                             theirs=theirs.describe()),), side)
-    diffs = endpoint_differences(ours.endpoints, theirs.endpoints, fields)
+    diffs = differences(ours, theirs, ignore)
     if diffs:
         return Verdict(DIFFERS, tuple(diffs))
     if ours.signal != theirs.signal and _semantics_pair(ours, theirs):
@@ -226,6 +264,8 @@ class Event:
     ours: str = ""
     theirs: str = ""
     at: float = 0.0  # wall clock
+    # Each side's message counts on its current stream (Linkerd: by kind, and redundant).
+    messages: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -241,20 +281,22 @@ class Event:
             out["differences"] = [d.as_json() for d in self.differences]
         if self.time_to_agree is not None:
             out["time_to_agree_ms"] = round(self.time_to_agree * 1000, 1)
+        if any(self.messages.values()):
+            out["messages"] = {side: dict(c) for side, c in self.messages.items()}
         return out
 
 
 @dataclass(slots=True)
 class Record:
     target: str
-    ours: Answer = field(default_factory=Answer)
-    theirs: Answer = field(default_factory=Answer)
-    verdict: Verdict = field(default_factory=lambda: Verdict(PENDING))
+    ours: Answer = dataclasses.field(default_factory=Answer)
+    theirs: Answer = dataclasses.field(default_factory=Answer)
+    verdict: Verdict = dataclasses.field(default_factory=lambda: Verdict(PENDING))
     shown: str = PENDING
     # Monotonic time agreement was lost (or first compared without agreeing).
     since: float | None = None
     changed_at: float = 0.0
-    agreed_after: list[float] = field(default_factory=list)  # every time-to-agree
+    agreed_after: list[float] = dataclasses.field(default_factory=list)  # every time-to-agree
 
 
 class Tracker:
@@ -266,9 +308,10 @@ class Tracker:
     since agreement was lost is reported.
     """
 
-    def __init__(self, grace: float, fields: Iterable[str] = ALL_FIELDS) -> None:
+    def __init__(self, grace: float, ignore: FieldFilter = NOTHING) -> None:
         self.grace = grace
-        self.fields = tuple(fields)
+        self.user = ignore  # --fields
+        self.ignore = ignore  # --fields and what a side cannot say (`set_ignored`)
         self.records: dict[str, Record] = {}
 
     def add(self, target: str) -> bool:
@@ -277,11 +320,12 @@ class Tracker:
         self.records[target] = Record(target)
         return True
 
-    def set_fields(self, fields: Iterable[str], now: float) -> list[Event]:
-        fields = tuple(f for f in ALL_FIELDS if f in set(fields))
-        if fields == self.fields:
+    def set_ignored(self, patterns: Iterable[str], now: float) -> list[Event]:
+        """Ignore these too (a side that does not carry a field), re-evaluating all."""
+        ignore = self.user.with_patterns(patterns)
+        if ignore.patterns == self.ignore.patterns:
             return []
-        self.fields = fields
+        self.ignore = ignore
         out: list[Event] = []
         for rec in self.records.values():
             out.extend(self._evaluate(rec, now, ""))
@@ -311,7 +355,7 @@ class Tracker:
 
     def _evaluate(self, rec: Record, now: float, changed: str) -> list[Event]:
         old_shown, old_verdict = rec.shown, rec.verdict
-        v = compare(rec.ours, rec.theirs, self.fields)
+        v = compare(rec.ours, rec.theirs, self.ignore)
         rec.verdict = v
         agreed: float | None = None
         if v.agrees:
@@ -334,7 +378,8 @@ class Tracker:
         return [Event(rec.target, shown, old_shown,
                       () if shown == CONVERGING else v.differences,
                       agreed, changed, v.missing_on if shown == MISSING else "",
-                      rec.ours.describe(), rec.theirs.describe(), time.time())]
+                      rec.ours.describe(), rec.theirs.describe(), time.time(),
+                      {"ours": rec.ours.messages, "theirs": rec.theirs.messages})]
 
     def unagreed(self) -> list[Record]:
         return [r for r in self.records.values() if not r.verdict.agrees]

@@ -65,11 +65,13 @@ class Summary:
     duration: float
     targets: int
     counts: dict[str, int]
-    fields: tuple[str, ...]
+    ignored: tuple[str, ...]  # field patterns left out: --fields, and what a side lacks
     notes: list[str]
     unagreed: list[Unagreed]
     agreements: list[float] = field(default_factory=list)
     strict_semantics: bool = False
+    # Per side, every target's current stream's messages summed by kind.
+    messages: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -94,7 +96,8 @@ class Summary:
         return {
             "event": "summary", "api": self.api, "ours": self.ours, "theirs": self.theirs,
             "duration_s": round(self.duration, 3), "targets": self.targets,
-            "counts": self.counts, "fields": list(self.fields), "notes": sorted(self.notes),
+            "counts": self.counts, "ignored": list(self.ignored),
+            "messages": self.messages, "notes": sorted(self.notes),
             "time_to_agree": self.time_to_agree(), "ok": self.ok,
             "exit_status": self.exit_code,
             "unagreed": [u.as_json() for u in self.unagreed],
@@ -104,7 +107,13 @@ class Summary:
         counts = ", ".join(f"{self.counts[s]} {s}" for s in STATUS_ORDER if self.counts.get(s))
         out = [f"shadow {self.api}: ours {self.ours} vs theirs {self.theirs}, "
                f"{self.targets} targets over {self.duration:.1f}s: {counts or 'none'}"]
-        out.append("compared: address, port, " + ", ".join(self.fields))
+        out.append("compared: every field of every endpoint, of the set, of the profile, "
+                   "and redundant messages" + (f"; ignored: {', '.join(self.ignored)}"
+                                              if self.ignored else ""))
+        for side, kinds in self.messages.items():
+            if kinds:
+                out.append(f"messages from {side}: " + ", ".join(
+                    f"{n} {k}" for k, n in sorted(kinds.items())))
         out.extend(f"note: {n}" for n in self.notes)
         tta = self.time_to_agree()
         if tta:
@@ -125,7 +134,11 @@ def summarize(tracker: Tracker, *, api: str, ours: str, theirs: str, duration: f
     counts: dict[str, int] = {}
     unagreed = []
     agreements: list[float] = []
+    messages: dict[str, dict[str, int]] = {"ours": {}, "theirs": {}}
     for rec in sorted(tracker.records.values(), key=lambda r: r.target):
+        for side, answer in (("ours", rec.ours), ("theirs", rec.theirs)):
+            for kind, n in answer.messages.items():
+                messages[side][kind] = messages[side].get(kind, 0) + n
         status = rec.verdict.status
         counts[status] = counts.get(status, 0) + 1
         agreements.extend(rec.agreed_after)
@@ -133,8 +146,9 @@ def summarize(tracker: Tracker, *, api: str, ours: str, theirs: str, duration: f
             unagreed.append(Unagreed(rec.target, status, rec.verdict.differences,
                                      rec.ours.describe(), rec.theirs.describe(),
                                      rec.verdict.missing_on))
-    return Summary(api, ours, theirs, duration, len(tracker.records), counts, tracker.fields,
-                   notes, unagreed, agreements, strict_semantics)
+    return Summary(api, ours, theirs, duration, len(tracker.records), counts,
+                   tracker.ignore.patterns, notes, unagreed, agreements, strict_semantics,
+                   messages)
 
 
 def _event_text(ev: Event) -> str:

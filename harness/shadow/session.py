@@ -11,12 +11,18 @@ from collections.abc import Callable
 
 import grpc
 
-from harness.shadow.model import ALL_FIELDS, PENDING, Answer, Tracker
+from harness.shadow.fields import FieldFilter
+from harness.shadow.model import PENDING, Answer, Tracker
 from harness.shadow.report import Report, summarize
-from harness.shadow.sides import Backoff, ClusterWatch, LinkerdSide, XdsSide
+from harness.shadow.sides import Backoff, ClusterWatch, HostnameWatch, LinkerdSide, XdsSide
 from harness.shadow.targets import eds_name_template, read_targets
 
 OURS, THEIRS = "ours", "theirs"
+
+
+def ignored_fields(args: argparse.Namespace) -> list[str]:
+    """--fields: repeated, each a comma-separated list of field paths or patterns."""
+    return [p.strip() for arg in (args.fields or ()) for p in arg.split(",") if p.strip()]
 
 
 class Shadow:
@@ -25,7 +31,7 @@ class Shadow:
     def __init__(self, args: argparse.Namespace, report: Report) -> None:
         self.args = args
         self.report = report
-        self.tracker = Tracker(args.grace)
+        self.tracker = Tracker(args.grace, FieldFilter(ignored_fields(args)))
         self.loop = asyncio.get_running_loop()
         retry = Backoff(min(0.2, args.retry_max), args.retry_max)
         self.channels = [grpc.aio.insecure_channel(args.ours),
@@ -54,19 +60,22 @@ class Shadow:
             # meshbridge serves both APIs on one port.
             self.watches.append(ClusterWatch(self.channels[0], self._clusters(OURS, None),
                                              node_id=args.node_id, retry=retry))
+        # --all: the StatefulSet pod authorities behind ours' services, from its EDS.
+        self.hostnames = HostnameWatch(self.channels[0], self.add_targets,
+                                       node_id=args.node_id, retry=retry) if args.all else None
 
     def _sink(self, side: str) -> Callable[[str, Answer], None]:
         def put(target: str, answer: Answer) -> None:
             now = self.loop.time()
             events = self.tracker.set_answer(target, side, answer, now)
-            fields = set(ALL_FIELDS)
+            ignored: list[str] = []
             for s in self.sides.values():
-                fields &= set(s.fields())
-                note = s.note()
-                if note and note not in self.notes:
-                    self.notes.append(note)
-                    self.report.note(note)
-            events += self.tracker.set_fields(fields, now)
+                ignored.extend(s.ignored())
+                for note in s.notes():
+                    if note not in self.notes:
+                        self.notes.append(note)
+                        self.report.note(note)
+            events += self.tracker.set_ignored(ignored, now)
             self.report.events(events)
 
         return put
@@ -81,6 +90,8 @@ class Shadow:
                 if names is not None:
                     if self.args.all:
                         self.add_targets(sorted(names))
+                    if self.hostnames is not None:
+                        self.hostnames.set_names(names)
                     self.ours_clusters.set()
 
         return changed
@@ -93,6 +104,8 @@ class Shadow:
     async def main(self, stop: asyncio.Event) -> int:
         args = self.args
         tasks = [asyncio.create_task(w.run(), name="cds") for w in self.watches]
+        if self.hostnames is not None:
+            tasks.append(asyncio.create_task(self.hostnames.run(), name="hostnames"))
         try:
             if args.all:
                 with contextlib.suppress(TimeoutError):
@@ -102,6 +115,12 @@ class Shadow:
                     sys.stderr.write(f"meshbridge shadow: --all: no CDS answer from --ours "
                                      f"{args.ours}: {self.cds_status or 'no response'}\n")
                     return 2
+                assert self.hostnames is not None
+                # The pod authorities are part of the start's count; they follow ours'
+                # EDS, which answers at once (a missing answer holds nothing up long).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(args.connect_timeout):
+                        await self.hostnames.answered.wait()
             else:
                 self.add_targets(read_targets(args.targets, args.cluster_domain))
             self.report.start({"api": args.api, "ours": args.ours, "theirs": args.theirs,

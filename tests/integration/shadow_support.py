@@ -27,6 +27,10 @@ PAYMENTS = f"payments.shop.{DOMAIN}:8080"
 REPORTS = f"reports.legacy.{DOMAIN}:8080"
 MAIL = f"mail.legacy.{DOMAIN}:25"
 NOSUCH = f"nosuch.shop.{DOMAIN}:80"
+VOTING = f"voting.emojivoto.{DOMAIN}:8080"
+CANARY = f"web-canary.emojivoto.{DOMAIN}:80"
+DB = f"db.data.{DOMAIN}:5432"
+DB_PODS = [f"db-{i}.{DB}" for i in range(3)]
 
 IDENTITY = "{sa}.emojivoto.serviceaccount.identity.linkerd.cluster.local"
 PLANTED_POD = "web-5d8f7b9c6-4xk2p"
@@ -96,6 +100,77 @@ def plant_external_name(folder: Path) -> None:
     edit(folder, "40-legacy.yaml", change)
 
 
+def plant_pod_label(folder: Path) -> str:
+    """A voting pod's pod-template-hash label (its `pod_template_hash` metric label)."""
+    found: list[str] = []
+
+    def change(docs: list[dict[str, Any]]) -> None:
+        pod = find(docs, "Pod", "voting-7f5c6d9b8-bx4fw")
+        pod["metadata"]["labels"]["pod-template-hash"] = "planted"
+        found.append(pod["status"]["podIP"])
+
+    edit(folder, "10-emojivoto.yaml", change)
+    return f"{found[0]}:8080"
+
+
+def plant_opaque_annotation(folder: Path) -> str:
+    """A catalog pod's opaque-ports annotation names its http port (its protocol hint)."""
+    found: list[str] = []
+
+    def change(docs: list[dict[str, Any]]) -> None:
+        pod = find(docs, "Pod", "catalog-8d6f9c7b5-fk2wz")
+        pod["metadata"]["annotations"]["config.linkerd.io/opaque-ports"] = "8080"
+        found.append(pod["status"]["podIP"])
+
+    edit(folder, "20-shop.yaml", change)
+    return f"{found[0]}:8080"
+
+
+def plant_slice_label(folder: Path) -> None:
+    """web-canary's slice says it mirrors cluster `east` (the set's `target_cluster`)."""
+    def change(docs: list[dict[str, Any]]) -> None:
+        find(docs, "EndpointSlice", "web-canary-bl2nw")["metadata"]["labels"][
+            "mirror.linkerd.io/cluster-name"] = "east"
+
+    edit(folder, "10-emojivoto.yaml", change)
+
+
+def plant_authority_override(folder: Path) -> str:
+    """The billing VM's slice names a remote service (the VM's authority override)."""
+    def change(docs: list[dict[str, Any]]) -> None:
+        meta = find(docs, "EndpointSlice", "billing-vm")["metadata"]
+        meta.setdefault("annotations", {})[
+            "mirror.linkerd.io/remote-svc-fq-name"] = "billing.legacy.svc.east.example"
+
+    edit(folder, "40-legacy.yaml", change)
+    return "10.0.5.20:8080"
+
+
+def plant_profile(folder: Path) -> None:
+    """web's ServiceProfile: another retry ratio and its first route another timeout."""
+    def change(docs: list[dict[str, Any]]) -> None:
+        spec = find(docs, "ServiceProfile", f"web.emojivoto.{DOMAIN}")["spec"]
+        spec["retryBudget"]["retryRatio"] = 0.5
+        spec["routes"][0]["timeout"] = "1s"
+
+    edit(folder, "10-emojivoto.yaml", change)
+
+
+def plant_zone(folder: Path) -> str:
+    """A web endpoint's slice says another zone (the xDS locality)."""
+    found: list[str] = []
+
+    def change(docs: list[dict[str, Any]]) -> None:
+        for ep in find(docs, "EndpointSlice", "web-7xk9q")["endpoints"]:
+            if ep["conditions"].get("ready", True):
+                ep["zone"] = "zone-x"
+                found.append(ep["addresses"][0])
+                return
+
+    edit(folder, "10-emojivoto.yaml", change)
+    return f"{found[0]}:8080"
+
+
 def restore(folder: Path, original: Path, filename: str) -> None:
     tmp = folder / (filename + ".tmp")
     shutil.copyfile(original / filename, tmp)
@@ -134,7 +209,8 @@ class ShadowRun:
     def settled(self) -> dict[str, dict[str, Any]] | None:
         """Every target's latest event once each has a final-looking status."""
         latest = self.latest()
-        if len(latest) != self.targets() or any(
+        # Targets may join after the start (--all: services created, pod authorities).
+        if len(latest) < self.targets() or any(
                 e["status"] in ("pending", "converging") for e in latest.values()):
             return None
         return latest
@@ -163,6 +239,11 @@ class ShadowRun:
         summary = self.lines()[-1]
         assert summary["event"] == "summary"
         return rc, summary
+
+
+def fields_of(diffs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """The field differences of an event: path -> (ours, theirs)."""
+    return {d["field"]: (d["ours"], d["theirs"]) for d in diffs if d["kind"] == "field"}
 
 
 def non_equal(latest: dict[str, dict[str, Any]]) -> dict[str, tuple[str, list[Any]]]:

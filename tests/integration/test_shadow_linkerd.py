@@ -31,6 +31,7 @@ from tests.integration.shadow_support import (
     BILLING,
     CACHE,
     CATALOG,
+    DB_PODS,
     IDENTITY,
     MAIL,
     NOSUCH,
@@ -152,7 +153,10 @@ async def test_the_two_semantics_are_told_apart_from_endpoint_differences(
                                  "error": 1}
     assert summary["notes"] == [
         "ours answers in proto semantics (it sent no_endpoints)",
-        "theirs answers in linkerd-2.20 semantics (Get ended NOT_FOUND)"]
+        "ours refuses GetProfile (UNIMPLEMENTED: Method not found!): profiles are not compared",
+        "theirs answers in linkerd-2.20 semantics (Get ended NOT_FOUND)",
+        "theirs refuses GetProfile (UNIMPLEMENTED: Method not found!): profiles are not "
+        "compared"]
 
 
 async def test_a_not_found_target_is_resubscribed_until_it_exists(tmp_path: Path) -> None:
@@ -204,14 +208,23 @@ async def test_reports_exactly_the_planted_differences_and_their_removal(
     found = non_equal(latest)
     assert found.pop(CACHE)[0] == "missing"
     assert latest[CACHE]["missing_on"] == "theirs"
+    web = f"add[{planted_ep}]"
     assert found == {
-        WEB: ("differs", [{"kind": "field", "endpoint": planted_ep, "field": "identity",
-                           "ours": IDENTITY.format(sa="web"),
-                           "theirs": IDENTITY.format(sa="web-v2")}]),
+        WEB: ("differs", [
+            {"kind": "field", "endpoint": planted_ep, "field": f"{web}.{path}",
+             "ours": ours_value, "theirs": theirs_value}
+            for path, ours_value, theirs_value in (
+                ("metric_labels.serviceaccount", "web", "web-v2"),
+                ("tls_identity.dns_like_identity.name", IDENTITY.format(sa="web"),
+                 IDENTITY.format(sa="web-v2")),
+                ("tls_identity.server_name.name", IDENTITY.format(sa="web"),
+                 IDENTITY.format(sa="web-v2")))]),
         BILLING: ("differs", [{"kind": "only-theirs", "endpoint": extra_ep}]),
     }
     others = {e["status"] for e in run.events() if e["target"] not in (WEB, BILLING, CACHE)}
     assert others == {"equal"}
+    # --all follows the StatefulSet's pod authorities too (and each target's profile).
+    assert set(DB_PODS) <= set(latest)
 
     restore(theirs_dir, demo_dir, "10-emojivoto.yaml")
     restore(theirs_dir, demo_dir, "20-shop.yaml")
@@ -239,8 +252,9 @@ async def test_a_changed_weight_is_reported_on_exactly_the_weighted_endpoints(
     await run.finish()
     status, diffs = non_equal(latest)[CATALOG]
     assert status == "differs"
-    assert {(d["kind"], d["field"], d["ours"], d["theirs"]) for d in diffs} == {
-        ("field", "weight", "10000", "100000")}
+    assert {(d["kind"], d["field"].split("].", 1)[1], d["ours"], d["theirs"])
+            for d in diffs} == {("field", "weight", "10000", "100000")}
+    assert {d["field"] for d in diffs} == {f"add[{d['endpoint']}].weight" for d in diffs}
     assert len(diffs) == 2  # the two zone-a pods, and nothing else
 
 
@@ -301,7 +315,11 @@ async def test_bad_peers_are_reported_per_target_while_the_rest_compares(
         run = ShadowRun("--api", "linkerd", "--ours", addr(ours), "--theirs", peer,
                         "--targets", str(targets))
         latest = await run.until(run.settled, f"compared against {code}")
-        rc, _ = await run.finish()
+        rc, summary = await run.finish()
         assert {e["status"] for e in latest.values()} == {"error"}
         assert all(e["theirs"].startswith(code) for e in latest.values())
         assert rc == 1
+        notes = [e["note"] for e in run.lines() if e["event"] == "note"]
+        other_api = [n for n in notes if "does not serve the Linkerd destination API" in n]
+        # Said once for the side, however many targets hit it.
+        assert len(other_api) == (1 if code == "UNIMPLEMENTED" else 0)
