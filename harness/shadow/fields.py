@@ -102,14 +102,26 @@ def flatten(msg: Any, prefix: str = "", *, skip: Iterable[str] = (),
     return out
 
 
+def _struct(msg: Any, path: str, out: Flat) -> None:
+    """A Struct's values as paths of their own: nested Structs walked, strings as they
+    are, anything else (numbers, lists, null) as JSON."""
+    if not msg.fields:
+        out[path] = EMPTY_MESSAGE
+    for k in sorted(msg.fields):
+        value, sub = msg.fields[k], _join(path, key_segment(k))
+        kind = value.WhichOneof("kind")
+        if kind == "struct_value":
+            _struct(value.struct_value, sub, out)
+        elif kind == "string_value":
+            out[sub] = value.string_value
+        else:
+            out[sub] = json.dumps(json_format.MessageToDict(value), sort_keys=True)
+
+
 def _message(msg: Any, path: str, out: Flat) -> None:
     name = msg.DESCRIPTOR.full_name
     if name == "google.protobuf.Struct":
-        if not msg.fields:
-            out[path] = EMPTY_MESSAGE
-        for k in sorted(msg.fields):
-            out[_join(path, key_segment(k))] = json.dumps(
-                json_format.MessageToDict(msg.fields[k]), sort_keys=True)
+        _struct(msg, path, out)
         return
     if name in _JSONISH:
         out[path] = json.dumps(json_format.MessageToDict(msg), sort_keys=True)

@@ -21,16 +21,19 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from harness.clients import ADS_SOTW, EDS_TYPE
+from harness.shadow.sides import LINKERD_METADATA
 from meshbridge.app import App
 from meshbridge.layers import layer
 from tests.conftest import AppFactory
 from tests.integration.shadow_support import (
     BILLING,
     CACHE,
+    DB_PODS,
     EXTRA_ADDRESS,
     IDENTITY,
     WEB,
     ShadowRun,
+    fields_of,
     non_equal,
     plant_external_name,
     plant_extra_endpoint,
@@ -69,12 +72,25 @@ async def test_reports_exactly_the_planted_differences_and_their_removal(
                     *(["--delta"] if variant == "delta" else []))
 
     latest = await run.until(run.settled, "every target compared")
-    assert run.targets() == 17  # every service port of the demo but the ExternalName one
-    assert non_equal(latest) == {
-        WEB: ("differs", [{"kind": "field", "endpoint": planted_ep, "field": "identity",
-                           "ours": IDENTITY.format(sa="web"),
-                           "theirs": IDENTITY.format(sa="web-v2")}]),
-        BILLING: ("differs", [{"kind": "only-theirs", "endpoint": extra_ep}]),
+    # Every service port of the demo but the ExternalName one, and db's three pods.
+    assert run.targets() == 20
+    assert set(DB_PODS) <= set(latest)
+    found = non_equal(latest)
+    meta = f'endpoint[{planted_ep}].metadata.filter_metadata."io.linkerd.destination"'
+    status, web = found.pop(WEB)
+    assert status == "differs"
+    assert fields_of(web) == {
+        f"{meta}.identity": (IDENTITY.format(sa="web"), IDENTITY.format(sa="web-v2")),
+        f"{meta}.server_name": (IDENTITY.format(sa="web"), IDENTITY.format(sa="web-v2")),
+        f"{meta}.labels.serviceaccount": ("web", "web-v2"),
+    }
+    assert found == {
+        # The VM's locality (no zone) now holds two endpoints: its weight is theirs' sum.
+        BILLING: ("differs", [
+            {"kind": "field", "endpoint": "10.0.5.20:8080",
+             "field": "endpoint[10.0.5.20:8080].locality_load_balancing_weight.value",
+             "ours": "1", "theirs": "2"},
+            {"kind": "only-theirs", "endpoint": extra_ep}]),
         CACHE: ("missing", [{"kind": "missing", "ours": "1 endpoint",
                              "theirs": "empty (no cluster)"}]),
     }
@@ -95,10 +111,9 @@ async def test_reports_exactly_the_planted_differences_and_their_removal(
     rc, summary = await run.finish()
     assert rc == 1
     assert [u["target"] for u in summary["unagreed"]] == [BILLING]
-    assert summary["counts"] == {"equal": 16, "differs": 1}
+    assert summary["counts"] == {"equal": 19, "differs": 1}
     assert summary["time_to_agree"]["count"] == 2
-    assert summary["fields"] == ["weight", "identity", "hint", "opaque_transport", "zone",
-                                 "locality", "health"]
+    assert summary["ignored"] == []
 
 
 async def test_a_live_change_on_one_side_converges_then_agrees(
@@ -226,10 +241,14 @@ async def test_a_foreign_server_is_compared_on_what_both_carry(
                         "--targets", str(targets))
         latest = await run.until(run.settled, "compared")
         assert non_equal(latest) == {
-            BILLING: ("differs", [{"kind": "only-theirs", "endpoint": f"{EXTRA_ADDRESS}:8080"}])}
+            BILLING: ("differs", [
+                {"kind": "field", "endpoint": "10.0.5.20:8080",
+                 "field": "endpoint[10.0.5.20:8080].locality_load_balancing_weight.value",
+                 "ours": "1", "theirs": "2"},
+                {"kind": "only-theirs", "endpoint": f"{EXTRA_ADDRESS}:8080"}])}
         rc, summary = await run.finish()
     assert rc == 1
-    assert summary["fields"] == ["weight", "zone", "health"]
+    assert summary["ignored"] == [LINKERD_METADATA]
     assert [n for n in summary["notes"] if "theirs sends no io.linkerd.destination" in n]
     assert [e for e in run.lines() if e["event"] == "note"]
 
@@ -252,7 +271,7 @@ async def test_the_command_exits_zero_only_if_every_target_agrees(
               "--grace", "0.3", "--settle", "0.5"]
     rc, lines = await _cli(*common, "--theirs", addr(theirs))
     assert (rc, lines[-1]["event"], lines[-1]["ok"]) == (0, "summary", True)
-    assert lines[-1]["counts"] == {"equal": 17}
+    assert lines[-1]["counts"] == {"equal": 20}
 
     plant_extra_endpoint(theirs_dir)
     rc, lines = await _cli(*common, "--theirs", addr(theirs))
