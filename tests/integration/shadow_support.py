@@ -1,20 +1,25 @@
 """Support for the shadow tests (no tests here): running `meshbridge shadow` in-process
-against two Apps, and planting differences in a manifest folder (the files source
-picks an edit up within 50 ms)."""
+against two Apps, planting differences in a manifest folder (the files source picks an
+edit up within 50 ms), and an xDS relay that plants one in every answer."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 
+from harness.clients import ADS_SOTW, EDS_TYPE
 from harness.shadow.cli import add_arguments, run_shadow
 from tests.polling import eventually
 
@@ -249,3 +254,35 @@ def fields_of(diffs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
 def non_equal(latest: dict[str, dict[str, Any]]) -> dict[str, tuple[str, list[Any]]]:
     return {t: (e["status"], e.get("differences", [])) for t, e in latest.items()
             if e["status"] != "equal"}
+
+
+@contextlib.asynccontextmanager
+async def rewriting(upstream: str,
+                    change: Callable[[endpoint_pb2.ClusterLoadAssignment], None]
+                    ) -> AsyncIterator[str]:
+    """A real xDS peer with a planted difference: SotW ADS passed through to `upstream`
+    (a meshbridge), every ClusterLoadAssignment changed by `change` on the way."""
+    channel = grpc.aio.insecure_channel(upstream)
+
+    async def ads(requests: AsyncIterator[bytes],
+                  _context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for raw in channel.stream_stream(ADS_SOTW)(requests):
+            resp = discovery_pb2.DiscoveryResponse.FromString(raw)
+            for any_ in resp.resources:
+                if any_.type_url == EDS_TYPE:
+                    cla = endpoint_pb2.ClusterLoadAssignment.FromString(any_.value)
+                    change(cla)
+                    any_.value = cla.SerializeToString()
+            yield resp.SerializeToString()
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "envoy.service.discovery.v3.AggregatedDiscoveryService",
+        {"StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(ads)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0.2)
+        await channel.close()
