@@ -315,7 +315,7 @@ async def test_bad_peers_are_reported_per_target_while_the_rest_compares(
         run = ShadowRun("--api", "linkerd", "--ours", addr(ours), "--theirs", peer,
                         "--targets", str(targets))
         latest = await run.until(run.settled, f"compared against {code}")
-        rc, summary = await run.finish()
+        rc, _ = await run.finish()
         assert {e["status"] for e in latest.values()} == {"error"}
         assert all(e["theirs"].startswith(code) for e in latest.values())
         assert rc == 1

@@ -12,7 +12,9 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import any_pb2
 
-from harness.normalize import NormalEndpoint, carries_metadata, from_cla_as_envoy
+from harness.normalize import carries_metadata
+from harness.shadow.fields import FieldFilter
+from harness.shadow.flat import cla_endpoints
 from harness.shadow.model import (
     ABSENT,
     CONVERGING,
@@ -26,7 +28,6 @@ from harness.shadow.model import (
     NO_ENDPOINTS,
     NOT_FOUND,
     PENDING,
-    PLAIN_XDS_FIELDS,
     REMOVED,
     REMOVED_ALL,
     SEMANTICS,
@@ -40,14 +41,23 @@ from harness.shadow.report import JsonReport, LinesReport, summarize
 from harness.shadow.sides import Backoff, eds_names
 from harness.shadow.targets import eds_name_template, read_targets
 
-A = NormalEndpoint("10.0.0.1", 8080, 10000, "a.ns.serviceaccount.identity.linkerd.cluster.local",
-                   "h2", 4143, "zone-a", "local")
-B = NormalEndpoint("10.0.0.2", 8080, 10000, "b.ns.serviceaccount.identity.linkerd.cluster.local",
-                   "h2", 4143, "zone-b", "remote")
+Endpoint = tuple[str, dict[str, str]]  # (key, its flat fields)
 
 
-def eps(*items: NormalEndpoint) -> Answer:
-    return Answer(ENDPOINTS, frozenset(items))
+def endpoint(key: str, sa: str, zone: str, **more: str) -> Endpoint:
+    return key, {"weight": "10000", "metric_labels.zone": zone,
+                 "tls_identity.dns_like_identity.name":
+                     f"{sa}.ns.serviceaccount.identity.linkerd.cluster.local",
+                 "protocol_hint.h2": "{}", "protocol_hint.opaque_transport.inbound_port": "4143",
+                 **more}
+
+
+A = endpoint("10.0.0.1:8080", "a", "zone-a")
+B = endpoint("10.0.0.2:8080", "b", "zone-b")
+
+
+def eps(*items: Endpoint) -> Answer:
+    return Answer(ENDPOINTS, dict(items))
 
 
 # ---------------------------------------------------------------------- compare
@@ -88,7 +98,7 @@ VERDICTS = [
     # xDS: an empty CLA says nothing about existence; the CDS does.
     (Answer(EMPTY), Answer(EMPTY), EQUAL, ""),
     (Answer(EMPTY, exists=True), Answer(EMPTY, exists=False), MISSING, "theirs"),
-    (Answer(ENDPOINTS, frozenset({A}), exists=True), Answer(EMPTY, exists=False),
+    (Answer(ENDPOINTS, dict([A]), exists=True), Answer(EMPTY, exists=False),
      MISSING, "theirs"),
     (eps(A), Answer(NO_ANSWER), MISSING, "theirs"),
     (Answer(REMOVED), eps(A), MISSING, "ours"),
@@ -107,17 +117,44 @@ def test_an_extra_endpoint_is_listed_as_only_on_one_side() -> None:
     assert v.differences == (Difference("only-theirs", "10.0.0.2:8080"),)
 
 
-def test_a_changed_field_is_named_with_both_values() -> None:
-    other = NormalEndpoint(A.address, A.port, 100000, A.identity, A.hint, A.opaque_transport,
-                           A.zone, A.locality)
+def test_a_changed_field_is_named_by_its_path_with_both_values() -> None:
+    other = endpoint("10.0.0.1:8080", "a", "zone-a", weight="100000")
     v = compare(eps(A), eps(other))
-    assert v.differences == (Difference("field", "10.0.0.1:8080", "weight", "10000", "100000"),)
+    assert v.differences == (Difference("field", "10.0.0.1:8080", "add[10.0.0.1:8080].weight",
+                                        "10000", "100000"),)
 
 
-def test_fields_not_compared_are_not_differences() -> None:
-    bare = NormalEndpoint(A.address, A.port, A.weight, zone=A.zone)
+def test_a_field_only_one_side_sets_is_unset_on_the_other() -> None:
+    labelled = endpoint("10.0.0.1:8080", "a", "zone-a", **{"metric_labels.pod": "p"})
+    v = compare(eps(A), eps(labelled))
+    assert v.differences == (Difference("field", "10.0.0.1:8080",
+                                        "add[10.0.0.1:8080].metric_labels.pod", "(unset)", "p"),)
+
+
+def test_ignored_fields_are_not_differences() -> None:
+    bare = ("10.0.0.1:8080", {"weight": "10000", "metric_labels.zone": "zone-a"})
     assert compare(eps(A), eps(bare)).status == DIFFERS
-    assert compare(eps(A), eps(bare), PLAIN_XDS_FIELDS).status == EQUAL
+    ignore = FieldFilter(["add.tls_identity", "add.protocol_hint"])
+    assert compare(eps(A), eps(bare), ignore).status == EQUAL
+    # An endpoint key narrows a pattern to that endpoint.
+    assert compare(eps(A), eps(bare), FieldFilter(["add[10.0.0.9:8080]"])).status == DIFFERS
+
+
+def test_set_profile_and_redundant_messages_are_compared() -> None:
+    ours = Answer(ENDPOINTS, dict([A]), common={"set.metric_labels.service": "web"},
+                  profile={"profile.retry_budget.retry_ratio": "0.2"}, messages={"add": 1})
+    theirs = Answer(ENDPOINTS, dict([A]), common={"set.metric_labels.service": "web2"},
+                    profile={"profile.retry_budget.retry_ratio": "0.5"},
+                    messages={"add": 2, "redundant": 1})
+    assert [(d.field, d.ours, d.theirs) for d in compare(ours, theirs).differences] == [
+        ("set.metric_labels.service", "web", "web2"),
+        ("profile.retry_budget.retry_ratio", "0.2", "0.5"),
+        ("messages.redundant", "0", "1")]
+    # A side whose profile is not compared (it refuses GetProfile): the rest still is.
+    refused = Answer(ENDPOINTS, dict([A]), common=ours.common, profile=None)
+    assert compare(ours, refused).status == EQUAL
+    # A profile still on its way holds the verdict.
+    assert compare(ours, Answer(ENDPOINTS, dict([A]), profile_pending=True)).status == PENDING
 
 
 def test_semantics_never_hides_an_endpoint_difference() -> None:
@@ -171,14 +208,15 @@ def test_errors_show_at_once() -> None:
     assert "UNAVAILABLE" in ev.theirs
 
 
-def test_narrowing_the_compared_fields_reevaluates() -> None:
-    t = Tracker(grace=0.0)
-    bare = NormalEndpoint(A.address, A.port, A.weight, zone=A.zone)
+def test_ignoring_more_fields_reevaluates() -> None:
+    t = Tracker(grace=0.0, ignore=FieldFilter(["add.protocol_hint"]))
+    bare = ("10.0.0.1:8080", {"weight": "10000", "metric_labels.zone": "zone-a"})
     t.set_answer("x", "ours", eps(A), 0.0)
     t.set_answer("x", "theirs", eps(bare), 0.0)
     assert t.records["x"].verdict.status == DIFFERS
-    [ev] = t.set_fields(PLAIN_XDS_FIELDS, 1.0)
+    [ev] = t.set_ignored(["add.tls_identity"], 1.0)
     assert ev.status == EQUAL
+    assert t.ignore.patterns == ("add.protocol_hint", "add.tls_identity")
 
 
 # ---------------------------------------------------------------------- report
@@ -276,9 +314,18 @@ def test_a_foreign_cla_is_read_as_envoy_reads_it() -> None:
     lb.endpoint.address.socket_address.address = "10.0.0.1"
     lb.endpoint.address.socket_address.port_value = 8080
     lb.load_balancing_weight.value = 3
+    lb2 = loc.lb_endpoints.add()
+    lb2.endpoint.address.socket_address.address = "::1"
+    lb2.endpoint.address.socket_address.port_value = 8080
     assert carries_metadata(cla) is False
     assert carries_metadata(endpoint_pb2.ClusterLoadAssignment()) is None
-    assert from_cla_as_envoy(cla) == {NormalEndpoint("10.0.0.1", 8080, 3, zone="zone-a")}
+    # Unset health is HEALTHY and unset weight 1, as Envoy reads them; the locality's
+    # fields are each endpoint's.
+    assert cla_endpoints(cla) == {
+        "10.0.0.1:8080": {"load_balancing_weight.value": "3", "health_status": "HEALTHY",
+                          "locality.zone": "zone-a"},
+        "[::1]:8080": {"load_balancing_weight.value": "1", "health_status": "HEALTHY",
+                       "locality.zone": "zone-a"}}
 
 
 def test_backoff_doubles_up_to_its_ceiling_and_resets() -> None:
