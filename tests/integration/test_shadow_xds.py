@@ -174,6 +174,11 @@ async def test_a_server_without_xds_is_reported_unimplemented(
     assert latest[WEB]["status"] == "error"
     assert latest[WEB]["theirs"].startswith("UNIMPLEMENTED")
     await run.finish()
+    # Said once for the side: it looks like a server of the other API.
+    assert [e["note"] for e in run.lines() if e["event"] == "note"
+            and "does not serve xDS ADS" in e["note"]] == [
+        f"theirs does not serve xDS ADS ({latest[WEB]['theirs']}): is it a Linkerd "
+        f"destination server (--api linkerd)?"]
 
 
 async def test_a_target_theirs_does_not_serve_is_missing_while_the_rest_compares(
