@@ -1,12 +1,14 @@
-"""The measuring clients of `meshbridge compare`, in a process of their own.
+"""The measuring clients of one model of `meshbridge compare`, in a process of their own.
 
 `python -m harness.compare.worker CONFIG.json` runs them so that the server's CPU
-seconds and memory are the server's alone. It talks to its parent in JSON lines:
+seconds and memory are the server's alone, and `compare` starts one such process per
+model, so that one model's decoding never delays another's messages (a process
+decodes one message at a time). It talks to its parent in JSON lines:
 
     stdin   {"cmd": "connect", "model": "linkerd"}   open that model's clients, wait
                                                      for every initial snapshot
             {"cmd": "stop"}                          close everything, write results
-    stdout  {"event": "connected", "model": ..., "missing": [...], "errors": [...]}
+    stdout  {"event": "connected", "model": ..., "pid": ..., "missing": [...], ...}
             {"event": "progress", "counts": {model: [messages, bytes]}}
             {"event": "done"}
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ from typing import Any
 import grpc
 
 from harness.clients import LinkerdClient, Received, XdsClient
+from harness.compare.leds import LedsClient
 from harness.normalize import NormalEndpoint, State, digest, from_cla
 from meshbridge import gctune
 
@@ -94,6 +98,9 @@ def endpoint_row(e: NormalEndpoint) -> list[Any]:
             e.locality, e.health]
 
 
+Client = LinkerdClient | XdsClient | LedsClient
+
+
 @dataclass(slots=True)
 class Tally:
     messages: int = 0
@@ -108,7 +115,7 @@ class Worker:
     connect_timeout: float
     records: list[list[Any]] = field(default_factory=list)
     tallies: dict[str, Tally] = field(default_factory=dict)
-    clients: list[LinkerdClient | XdsClient] = field(default_factory=list)
+    clients: list[Client] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     _last_progress: dict[str, list[int]] = field(default_factory=dict)
@@ -124,16 +131,20 @@ class Worker:
 
     async def connect(self, model: str) -> dict[str, Any]:
         started = time.monotonic_ns()
-        mine: list[LinkerdClient | XdsClient] = []
+        mine: list[Client] = []
         for spec in self.specs:
             if spec["model"] != model:
                 continue
             channel = grpc.aio.insecure_channel(self.server, options=channel_options())
             self.channels.append(channel)
-            client: LinkerdClient | XdsClient
+            client: Client
             if model == "linkerd":
                 client = LinkerdClient(channel, spec["targets"], spec["index"],
                                        observe=self.observe)
+            elif model == "leds":
+                client = LedsClient(channel, spec["targets"], spec["index"],
+                                    node_id=f"compare-{model}-{spec['index']}",
+                                    observe=self.observe)
             else:
                 client = XdsClient(channel, spec["targets"], spec["index"],
                                    delta=model == "delta",
@@ -161,9 +172,13 @@ class Worker:
                 elif isinstance(client, LinkerdClient):
                     if not client.first_message[target].is_set():
                         missing.append(f"{model}-{client.client_id} {target}")
+                elif isinstance(client, LedsClient):
+                    if not client.complete(target):
+                        missing.append(f"{model}-{client.client_id} {target}")
                 elif target not in client.received:
                     missing.append(f"{model}-{client.client_id} {target}")
-        return {"event": "connected", "model": model, "missing": missing[:20],
+        return {"event": "connected", "model": model, "pid": os.getpid(),
+                "missing": missing[:20],
                 "missing_count": len(missing), "errors": errors[:20],
                 "error_count": len(errors),
                 "seconds": (time.monotonic_ns() - started) / 1e9}
@@ -177,7 +192,7 @@ class Worker:
 
     async def stop(self) -> None:
         for client in self.clients:
-            if isinstance(client, XdsClient):
+            if isinstance(client, XdsClient | LedsClient):
                 await client.close()
         for task in self.tasks:
             task.cancel()
@@ -203,12 +218,18 @@ class Worker:
                           else getattr(client, "status", ""))
                 targets[target] = {"addr": state_digest(state), "full": full,
                                    "endpoints": len(state), "status": status}
-            finals.append({"model": model, "index": client.client_id, "targets": targets,
-                           "messages": client.messages, "bytes": client.bytes,
-                           "nacks": getattr(client, "nacks", 0)})
+            final = {"model": model, "index": client.client_id, "targets": targets,
+                     "messages": client.messages, "bytes": client.bytes,
+                     "nacks": getattr(client, "nacks", 0)}
+            if isinstance(client, LedsClient):
+                final["leds"] = {"collections": len(client.collections),
+                                 "resources": client.leds_resources,
+                                 "removed": client.leds_removed,
+                                 "cla_updates": client.cla_updates}
+            finals.append(final)
         cpu = time.process_time()
         body = {"records": self.records, "finals": finals, "states": states,
-                "cpu_seconds": cpu}
+                "cpu_seconds": cpu, "pid": os.getpid()}
         tmp = self.results.with_suffix(".tmp")
         tmp.write_text(json.dumps(body, separators=(",", ":")), encoding="utf-8")
         tmp.replace(self.results)
