@@ -84,6 +84,9 @@ def test_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "--envoy" in capsys.readouterr().err
     assert cli_main(["compare", str(SMOKE), "--duration", "0"]) == 2
     assert "--duration" in capsys.readouterr().err
+    # The server's own --xds-* flags are the xDS layer's, checked by it.
+    assert cli_main(["compare", str(SMOKE), "--xds-write-timeout", "-1"]) == 2
+    assert capsys.readouterr().err.startswith("meshbridge compare: ")
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
