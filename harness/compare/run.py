@@ -38,6 +38,7 @@ from harness.compare import environment
 from harness.compare.scenario import MODELS, ClientSpec, CompareScenario
 from harness.compare.truth import TruthRecorder
 from harness.compare.wire import CountingServer, WireCounter
+from harness.normalize import digest
 from meshbridge import gctune
 from meshbridge.app import App, ProtocolLayer, ServeOptions
 from meshbridge.layers import PROTOCOL_LAYERS, load_optional
@@ -445,9 +446,18 @@ def _heap() -> int:
 
 async def _settle(app: App, workers: Workers, r: Run, options: RunOptions,
                   progress: Progress) -> bool:
-    """Wait until every model's clients have received what the server sent and nothing
-    has moved for `options.quiet` seconds; False if the deadline came first."""
+    """Wait until every model's clients hold the source's final truth, then until they
+    have received what the server sent and nothing has moved for `options.quiet`
+    seconds; False if the deadline came first. The truth comes first because a server
+    may take longer than the quiet period to push the last change of a big service."""
     deadline = time.monotonic() + options.settle_timeout
+    truth = {t: digest(s) for t, s in r.truth.final.items()}
+    await asyncio.gather(*(w.request({"cmd": "await", "truth": truth,
+                                      "timeout": options.settle_timeout},
+                                     options.settle_timeout + 10)
+                           for w in workers.by_model.values()))
+    # However long that took, the counts get their quiet period.
+    deadline = max(deadline, time.monotonic() + 4 * options.quiet)
     last: object = None
     still_since = time.monotonic()
     while time.monotonic() < deadline:

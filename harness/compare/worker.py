@@ -7,9 +7,12 @@ decodes one message at a time). It talks to its parent in JSON lines:
 
     stdin   {"cmd": "connect", "model": "linkerd"}   open that model's clients, wait
                                                      for every initial snapshot
+            {"cmd": "await", "truth": {target: digest},   wait (up to timeout s) until
+             "timeout": s}                           every client holds that truth
             {"cmd": "stop"}                          close everything, write results
     stdout  {"event": "connected", "model": ..., "pid": ..., "missing": [...], ...}
             {"event": "progress", "counts": {model: [messages, bytes]}}
+            {"event": "at_truth", "ok": ..., "behind": [...]}
             {"event": "done"}
 
 Each message a client decodes becomes one record (model, client, at_ns, size, kind,
@@ -33,11 +36,13 @@ from typing import Any
 import grpc
 
 from harness.clients import LinkerdClient, Received, XdsClient
+from harness.compare.leds import OPT_IN_KEY as LEDS_OPT_KEY
 from harness.compare.leds import LedsClient
 from harness.normalize import NormalEndpoint, State, digest, from_cla
 from meshbridge import gctune
 
 PROGRESS_PERIOD = 0.1
+LEDS_NEVER = "never"  # the server's opt-out: EDS with endpoints inline
 CACHE_LIMIT = 4096
 
 
@@ -150,6 +155,10 @@ class Worker:
                                    delta=model == "delta",
                                    node_id=f"compare-{model}-{spec['index']}",
                                    observe=self.observe, normalize=self.cla_states)
+                if model == "delta":
+                    # The delta model measures EDS: whole CLAs whatever the service's
+                    # size, not the LEDS a server may switch big services to.
+                    client.node.metadata.update({LEDS_OPT_KEY: LEDS_NEVER})
             mine.append(client)
             self.tasks.append(asyncio.create_task(client.run(), name=f"{model}-{spec['index']}"))
         self.clients.extend(mine)
@@ -182,6 +191,26 @@ class Worker:
                 "missing_count": len(missing), "errors": errors[:20],
                 "error_count": len(errors),
                 "seconds": (time.monotonic_ns() - started) / 1e9}
+
+    def behind(self, truth: dict[str, str]) -> list[str]:
+        """Clients whose state for a target is not `truth`'s (address digests)."""
+        out = []
+        for client in self.clients:
+            for target in client.targets:
+                want = truth.get(target)
+                st = client.state.get(target)
+                have = state_digest(st.state() if st is not None else frozenset())
+                if want is not None and have != want:
+                    out.append(f"{client.model}-{client.client_id} {target}")
+        return out
+
+    async def await_truth(self, truth: dict[str, str], timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        behind = self.behind(truth)
+        while behind and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # polling with a deadline, as the parent's settle
+            behind = self.behind(truth)
+        return {"event": "at_truth", "ok": not behind, "behind": behind[:20]}
 
     def progress(self) -> dict[str, Any] | None:
         counts = {m: [t.messages, t.bytes] for m, t in self.tallies.items()}
@@ -273,6 +302,8 @@ async def main_async(config_path: Path) -> int:
                 # them, so that its pauses are not what the latencies measure.
                 gctune.settle_heap()
                 emit(reply)
+            elif cmd["cmd"] == "await":
+                emit(await worker.await_truth(cmd["truth"], float(cmd["timeout"])))
             elif cmd["cmd"] == "stop":
                 reporter.cancel()
                 final = worker.progress()
