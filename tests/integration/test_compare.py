@@ -4,7 +4,6 @@ report's figures must agree with each other and with the truth."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -200,16 +199,26 @@ def test_leds_clients_get_each_endpoint_as_its_own_resource(smoke: Any) -> None:
     assert leds["resources"] >= subs * endpoints // 2
 
 
-def _scaled_big(endpoints: int, duration: float, per_model: int) -> Any:
-    from harness.compare.scenario import ClientPlan, load_compare_scenario
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
+    """The bundled one-big-service scenario scaled down: 500 endpoints (5 slices),
+    2 seconds of the flapping pod, 2 clients per model; through the command."""
+    import yaml
 
-    cs = load_compare_scenario(BIG)
-    cluster = dataclasses.replace(cs.scenario.cluster, endpoints_per_service=endpoints)
-    scenario = dataclasses.replace(cs.scenario, cluster=cluster, duration=duration)
-    c = cs.clients
-    clients = ClientPlan(per_model, per_model, per_model, per_model, c.targets, c.selection,
-                         c.kube_watchers)
-    return dataclasses.replace(cs, scenario=scenario, clients=clients)
+    out = tmp_path_factory.mktemp("compare-big")
+    raw = yaml.safe_load(BIG.read_text())
+    raw["cluster"]["endpoints_per_service"] = 500
+    raw["duration"] = 2
+    raw["clients"].update({m: 2 for m in MODELS})
+    scenario = out / "one-big-service.yaml"
+    scenario.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshbridge.cli", "compare", str(scenario), "--out",
+         str(out), "--no-charts"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() \
+        else {}
+    assert report, proc.stdout + proc.stderr
+    return proc.returncode, report, out
 
 
 def test_the_bundled_big_service_scenario_is_the_textbook_endpointslice_case() -> None:
@@ -224,12 +233,9 @@ def test_the_bundled_big_service_scenario_is_the_textbook_endpointslice_case() -
     assert all(cs.clients.count(m) > 0 for m in MODELS)
 
 
-async def test_the_big_service_scenario_scaled_down_puts_kube_beside_four_models(
-        tmp_path: Path) -> None:
-    cs = _scaled_big(endpoints=500, duration=2, per_model=2)
-    status = await compare(cs, tmp_path, RunOptions(settle_timeout=30), live=False,
-                           with_charts=False)
-    report = json.loads((tmp_path / "report.json").read_text())
+def test_the_big_service_scenario_scaled_down_puts_kube_beside_four_models(
+        big: Any) -> None:
+    status, report, out = big
     assert status == 0, [c for c in report["checks"] if not c["ok"]]
     models = report["models"]
     assert set(MODELS) - set(report["run"]["skipped_models"]) == set(models)
@@ -242,10 +248,20 @@ async def test_the_big_service_scenario_scaled_down_puts_kube_beside_four_models
     assert delta == pytest.approx(sotw, rel=0.05)
     if "linkerd" in models:
         assert models["linkerd"]["bytes"]["per_change_per_client"] < sotw / 20
-    md = (tmp_path / "report.md").read_text()
+    md = (out / "report.md").read_text()
     for row in ("v1 Endpoints watch", "EndpointSlice watch",
                 *(m["title"] for m in models.values())):
         assert f"| {row} |" in md
+
+
+def test_over_leds_one_endpoint_change_costs_one_small_response(big: Any) -> None:
+    # Needs the server's LEDS (xds_api), like the LEDS test above.
+    _, report, _ = big
+    m = report["models"]
+    assert m["leds"]["leds"]["resources"] >= m["leds"]["clients"] * 500
+    # One LbEndpoint instead of the 500-endpoint CLA that delta is sent.
+    leds = m["leds"]["bytes"]["per_change_per_client"]
+    assert 0 < leds < m["delta"]["bytes"]["per_change_per_client"] / 20
 
 
 STATIC = """
