@@ -109,12 +109,21 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return float(sorted_values[min(rank, len(sorted_values)) - 1])
 
 
-def latency_summary(latencies_ns: Iterable[int]) -> dict[str, float | int]:
+# Below this many samples the 99th percentile is one of the last one or two values,
+# i.e. the max by another name: the report says "max of N" instead.
+MIN_P99_SAMPLES = 100
+
+
+def latency_summary(latencies_ns: Iterable[int]) -> dict[str, float | int | bool]:
+    """p50 / p95 / p99 / max / mean in ms. `p99_enough` says whether the p99 stands on
+    at least MIN_P99_SAMPLES samples; the p99 is kept either way for the JSON's
+    readers (bench/), and the tables follow `p99_enough` (figures.p99_text)."""
     ms = sorted(x / 1e6 for x in latencies_ns)
     if not ms:
-        return {"count": 0}
+        return {"count": 0, "p99_enough": False}
     return {"count": len(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95),
-            "p99": percentile(ms, 99), "max": ms[-1], "mean": sum(ms) / len(ms)}
+            "p99": percentile(ms, 99), "max": ms[-1], "mean": sum(ms) / len(ms),
+            "p99_enough": len(ms) >= MIN_P99_SAMPLES}
 
 
 @dataclass(slots=True)

@@ -1,5 +1,9 @@
 """A run's charts (PNG, matplotlib imported only when drawn): the latency CDF, bytes
 per change by churn pattern, and cumulative bytes over the churn.
+
+Every model is one more entry of `style` (a colour, a dash pattern and a marker of
+its own), so lines that lie on each other (xDS SotW and delta cost the same for EDS)
+both stay visible; latency axes are in plain milliseconds.
 """
 
 from __future__ import annotations
@@ -14,8 +18,29 @@ from harness.compare.run import Run
 from harness.compare.scenario import MODEL_TITLES
 
 CHARTS = ("latency_cdf.png", "bytes_per_change.png", "cumulative_bytes.png")
-COLORS = {"linkerd": "#2b8cbe", "sotw": "#e6550d", "delta": "#31a354", "envoy": "#756bb1",
-          "endpoints": "#636363", "endpointslices": "#969696"}
+COLORS = {"linkerd": "#2b8cbe", "sotw": "#e6550d", "delta": "#31a354", "leds": "#d62728",
+          "envoy": "#756bb1", "endpoints": "#636363", "endpointslices": "#969696"}
+DASHES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
+MARKERS = ("o", "s", "^", "D", "v", "P")
+FALLBACK_COLORS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
+
+def style(key: str, order: list[str]) -> dict[str, Any]:
+    """Line style of one series: its own colour, dash pattern and marker (by its place
+    in `order`), half transparent, so overlapping lines all show."""
+    i = order.index(key) if key in order else len(order)
+    return {"color": COLORS.get(key, FALLBACK_COLORS[i % len(FALLBACK_COLORS)]),
+            "linestyle": DASHES[i % len(DASHES)], "marker": MARKERS[i % len(MARKERS)],
+            "alpha": 0.8, "linewidth": 1.6 + 0.4 * (i % 3), "markersize": 4}
+
+
+def plain_ms_axis(axis: Any) -> None:
+    """Log scale, ticks written as plain milliseconds (0.5, 2, 10, 100), not 10^x."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda _v, _pos: ""))
 
 
 def charts(fig: Mapping[str, Any], run: Run, out: Path) -> list[Path]:
@@ -28,21 +53,32 @@ def charts(fig: Mapping[str, Any], run: Run, out: Path) -> list[Path]:
     analysed: dict[str, ModelFigures] = run.analysed or {}
     title = fig["scenario"]["name"]
 
-    # Latency CDF per model.
-    figure, ax = plt.subplots(figsize=(7, 4.2))
-    for model, f in analysed.items():
-        ms = sorted(x / 1e6 for x in f.latencies_ns)
+    order = list(fig["models"])
+    # Latency CDF per model; with --isolate, each model alone too (thin, its colour).
+    figure, ax = plt.subplots(figsize=(7.5, 4.6))
+    curves = [(model, f.latencies_ns, "") for model, f in analysed.items()]
+    for model, r in run.isolated.items():
+        alone: dict[str, ModelFigures] = r.analysed or {}
+        if model in alone:
+            curves.append((model, alone[model].latencies_ns, " alone"))
+    for model, latencies, suffix in curves:
+        ms = sorted(x / 1e6 for x in latencies)
         if not ms:
             continue
         ys = [(i + 1) / len(ms) for i in range(len(ms))]
-        ax.step(ms, ys, where="post", label=f"{MODEL_TITLES.get(model, model)} (n={len(ms)})",
-                color=COLORS.get(model))
+        st = style(model, order)
+        if suffix:
+            st.update(linewidth=1.0, alpha=0.6, marker=None, linestyle=":")
+        ax.step(ms, ys, where="post", markevery=max(1, len(ms) // 12),
+                label=f"{MODEL_TITLES.get(model, model)}{suffix} (n={len(ms)})", **st)
     ax.set_xscale("log")
-    ax.set_xlabel("change-to-client latency (ms, log)")
+    plain_ms_axis(ax.xaxis)
+    ax.set_xlabel("change-to-client latency (milliseconds)")
     ax.set_ylabel("fraction of (client, target, version)")
     ax.set_title(f"Latency CDF — {title}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              frameon=False)
     paths.append(_save(figure, out / CHARTS[0]))
 
     # Bytes per change, per pattern, per model (and the Kubernetes watchers).
@@ -59,7 +95,8 @@ def charts(fig: Mapping[str, Any], run: Run, out: Path) -> list[Path]:
     width = 0.8 / max(1, len(series))
     for i, (label, key, values) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(patterns))]
-        ax.bar(xs, [max(v, 0.1) for v in values], width, label=label, color=COLORS.get(key),
+        ax.bar(xs, [max(v, 0.1) for v in values], width, label=label,
+               color=style(key, [*order, "endpoints", "endpointslices"])["color"],
                hatch="//" if key in ("endpoints", "endpointslices") else None)
     ax.set_xticks(range(len(patterns)))
     ax.set_xticklabels([f"{p}\n({fig['run']['changes_by_pattern'][p]} changes)"
@@ -75,13 +112,15 @@ def charts(fig: Mapping[str, Any], run: Run, out: Path) -> list[Path]:
     # Cumulative bytes over time since the churn started.
     figure, ax = plt.subplots(figsize=(7, 4.2))
     t0 = run.churn_start_ns
+    every = [*order, "endpoints", "endpointslices"]
     for model, f in analysed.items():
         xs, ys = _cumulative(((at - t0) / 1e9, size) for at, size in f.timeline)
-        ax.plot(xs, ys, label=MODEL_TITLES.get(model, model), color=COLORS.get(model))
+        ax.plot(xs, ys, label=MODEL_TITLES.get(model, model),
+                markevery=max(1, len(xs) // 10), **style(model, every))
     kube_times = [(e.at_ns - t0) / 1e9 for e in run.truth.emissions[:run.changes]]
     for key, label, per_change in _kube_series(run):
         xs, ys = _cumulative(zip(kube_times, per_change, strict=False))
-        ax.plot(xs, ys, label=label, color=COLORS.get(key), linestyle="--")
+        ax.plot(xs, ys, label=label, markevery=max(1, len(xs) // 10), **style(key, every))
     ax.set_xlabel("seconds since the churn started")
     ax.set_ylabel("cumulative bytes received (log)")
     ax.set_yscale("symlog", linthresh=1024)

@@ -2,9 +2,10 @@
 by side on the same churn.
 
 meshbridge runs in this process on the `sim` source; measuring clients of each model
-(Linkerd `Get` streams, xDS SotW and delta ADS streams) run in a child process, each
-decoding what it receives and keeping its own state. The run ends with every
-client's state checked against the source's truth. See docs/compare.md.
+(Linkerd `Get` streams, xDS SotW, delta and LEDS ADS streams) run in a child process
+per model, each decoding what it receives and keeping its own state. The run ends
+with every client's state checked against the source's truth; `--isolate` then runs
+each model alone on the same churn. See docs/compare.md.
 
 Exit status: 0 when every check passes, 1 when one fails (a divergence, a byte count
 that does not add up), 2 for a scenario or an option that cannot run.
@@ -23,7 +24,12 @@ from harness.compare.envoy_fleet import EnvoyError, EnvoyFleet
 from harness.compare.run import RunError, RunOptions
 from harness.compare.scenario import CompareScenario, load_compare_scenario
 from harness.compare.views import LiveView, PlainView
+from meshbridge.layers import load_optional
 from meshbridge.log import configure_logging
+
+# The server's own flags that a comparison may set: the xDS layer's (`--xds-*`,
+# among them `--xds-endpoint-metadata`), parsed by the layer as `serve` does.
+SERVER_LAYERS = ("xds_api.service",)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -40,10 +46,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for the clients to go quiet after the churn")
     parser.add_argument("--connect-timeout", type=float, default=60.0,
                         help="seconds to wait for every client's initial snapshot")
+    parser.add_argument("--isolate", action="store_true",
+                        help="also run each model alone, one after another, on the same "
+                             "seeded churn (the report shows both)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     parser.add_argument("--plain", action="store_true",
                         help="no live view: phase lines only (the default when not a TTY)")
     parser.add_argument("--log-level", default="warning")
+    for module in SERVER_LAYERS:
+        mod = load_optional(module)
+        add = getattr(mod, "add_arguments", None) if mod is not None else None
+        if add is not None:
+            add(parser)
+
+
+def layer_options(args: argparse.Namespace) -> tuple[object, ...]:
+    """The server layers' typed options from their flags; ValueError if one is bad."""
+    out: list[object] = []
+    for module in SERVER_LAYERS:
+        mod = load_optional(module)
+        parse = getattr(mod, "options_from_args", None) if mod is not None else None
+        if parse is not None:
+            out.append(parse(args))
+    return tuple(out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,9 +101,15 @@ def run(args: argparse.Namespace) -> int:
         except EnvoyError as e:
             print(f"meshbridge compare: --envoy: {e}", file=err)
             return EXIT_USAGE
+    try:
+        server_options = layer_options(args)
+    except ValueError as e:
+        print(f"meshbridge compare: {e}", file=err)
+        return EXIT_USAGE
     live = not args.plain and sys.stderr.isatty()
     options = RunOptions(connect_timeout=args.connect_timeout,
-                         settle_timeout=args.settle_timeout)
+                         settle_timeout=args.settle_timeout, isolate=args.isolate,
+                         layer_options=server_options)
     return asyncio.run(compare(cs, out, options, live, envoy, not args.no_charts))
 
 
@@ -86,11 +117,17 @@ async def compare(cs: CompareScenario, out: Path, options: RunOptions, live: boo
                   envoy: EnvoyFleet | None = None, with_charts: bool = True) -> int:
     from harness.compare import report
     from harness.compare.run import run as run_compare
+    from harness.compare.run import run_isolated
 
     view = LiveView(cs) if live else PlainView()
     try:
         with view:
             r = await run_compare(cs, out, options, view, envoy)
+            if envoy is not None:
+                await envoy.stop()
+                envoy = None
+            if options.isolate:
+                r.isolated = await run_isolated(cs, out, options, view, r.models)
     except (RunError, EnvoyError) as e:
         print(f"meshbridge compare: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -103,9 +140,11 @@ async def compare(cs: CompareScenario, out: Path, options: RunOptions, live: boo
 
 
 def summary(fig: dict[str, Any], out: Path) -> str:
-    from harness.compare.markdown import kube_table, model_table
+    from harness.compare.markdown import isolated_table, kube_table, model_table
 
     lines = [model_table(fig), "", kube_table(fig), ""]
+    if "isolated" in fig:
+        lines += [isolated_table(fig), ""]
     for c in fig["checks"]:
         if not c["ok"]:
             lines.append(f"FAILED: {c['name']} — {c['detail']}")

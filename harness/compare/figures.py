@@ -5,15 +5,17 @@ only read that dict, so what the tables say and what the JSON says cannot differ
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.compare.analysis import ModelFigures, analyse, by_pattern, latency_summary
 from harness.compare.kube import KubeSide, kube_side
 from harness.compare.run import Run
-from harness.compare.scenario import MODEL_TITLES, CompareScenario
+from harness.compare.scenario import MODEL_TITLES, MODELS, CompareScenario
 from harness.compare.verdicts import checks, divergences
+from harness.normalize import digest
 
 
 def scenario_json(cs: CompareScenario) -> dict[str, Any]:
@@ -27,10 +29,35 @@ def scenario_json(cs: CompareScenario) -> dict[str, Any]:
                     "port": s.cluster.port, "meshed": s.cluster.meshed},
         "churn": {"rate": s.churn.rate, "patterns": dict(s.churn.patterns)},
         "duration": s.duration,
-        "clients": {"linkerd": c.linkerd, "sotw": c.sotw, "delta": c.delta,
+        "clients": {**{m: c.count(m) for m in MODELS},
                     "targets": "all" if c.targets is None else c.targets,
                     "selection": c.selection, "kube_watchers": c.kube_watchers},
     }
+
+
+def p99_text(summary: Mapping[str, Any]) -> str:
+    """The p99 as the tables give it: a number only over at least MIN_P99_SAMPLES
+    samples (analysis.latency_summary's `p99_enough`), else "max of N"."""
+    n = int(summary.get("count", 0))
+    if not n:
+        return "-"
+    if summary.get("p99_enough"):
+        return f"{summary['p99']:.2f}"
+    return f"max of {n}"
+
+
+def leds_json(finals: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """What the LEDS clients followed: collections and LbEndpoint resources. All zero
+    against a server that answers them with plain CLAs (endpoints inline)."""
+    out = {"clients": 0, "collections": 0, "resources": 0, "removed": 0, "cla_updates": 0}
+    for f in finals:
+        leds = f.get("leds")
+        if leds is None:
+            continue
+        out["clients"] += 1
+        for k in ("collections", "resources", "removed", "cla_updates"):
+            out[k] += int(leds.get(k, 0))
+    return out
 
 
 def _per(n: float, d: float) -> float:
@@ -59,6 +86,7 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
         mem = run.memory.get(model, {})
         models[model] = {
             "title": MODEL_TITLES.get(model, model),
+            "process": dict(run.processes.get(model, {})),
             "clients": f.clients,
             "subscriptions": f.subscriptions,
             "connections": server.connections if server else 0,
@@ -86,6 +114,8 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
             "messages_by_pattern": by_pattern(f.messages_by_change, emissions),
             "divergences": sum(1 for x in failures if x["model"] == model),
         }
+        if model == "leds":
+            models[model]["leds"] = leds_json([x for x in finals if x["model"] == "leds"])
     kube_json = {
         "watchers": kube.watchers,
         "endpoints": {"initial_bytes_per_watcher": kube.initial_endpoints,
@@ -93,6 +123,7 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
                       "churn_bytes": kube.endpoints_bytes * kube.watchers,
                       "events_per_watcher": kube.endpoints_events,
                       "per_change": _per(kube.endpoints_bytes * kube.watchers, changes),
+                      "per_change_per_watcher": _per(kube.endpoints_bytes, changes),
                       "by_pattern": _kube_by_pattern(kube.endpoints_by_change, kube.patterns,
                                                      kube.watchers)},
         "endpointslices": {"initial_bytes_per_watcher": kube.initial_slices,
@@ -100,6 +131,7 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
                            "churn_bytes": kube.slices_bytes * kube.watchers,
                            "events_per_watcher": kube.slices_events,
                            "per_change": _per(kube.slices_bytes * kube.watchers, changes),
+                           "per_change_per_watcher": _per(kube.slices_bytes, changes),
                            "by_pattern": _kube_by_pattern(kube.slices_by_change, kube.patterns,
                                                           kube.watchers)},
         "slices_to_endpoints": _per(kube.slices_bytes, kube.endpoints_bytes),
@@ -107,6 +139,8 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
     churn_s = (run.churn_end_ns - run.churn_start_ns) / 1e9
     out: dict[str, Any] = {
         "scenario": scenario_json(cs),
+        "environment": dict(run.environment),
+        "processes": {m: dict(p) for m, p in run.processes.items()},
         "run": {
             "changes": changes,
             "changes_by_pattern": dict(sorted(pattern_counts.items())),
@@ -131,8 +165,72 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
     }
     out.update(run.extra_figures)
     out["checks"] = checks(out, run)
+    if run.isolated:
+        out["isolated"] = isolated_json(run, kube)
+        out["checks"] += isolated_checks(out["isolated"], run)
     out["ok"] = all(c["ok"] for c in out["checks"])
     return out
+
+
+ISOLATED_KEYS = ("title", "process", "clients", "subscriptions", "messages", "bytes",
+                 "latency_ms", "latency_ms_by_pattern", "versions", "bytes_by_pattern")
+
+
+def isolated_json(run: Run, kube: KubeSide) -> dict[str, Any]:
+    """Each model's figures from its run alone (`--isolate`), beside the server's CPU
+    of that run and whether every one of its checks passed."""
+    out: dict[str, Any] = {}
+    for model, r in run.isolated.items():
+        fig = figures(r, kube if r.changes == run.changes else None)
+        m = fig["models"].get(model, {})
+        entry = {k: m[k] for k in ISOLATED_KEYS if k in m}
+        entry["server_cpu_seconds"] = fig["server"]["cpu_seconds"]
+        entry["server_cpu_ms_per_change"] = fig["server"]["cpu_ms_per_change"]
+        entry["changes"] = fig["run"]["changes"]
+        entry["environment"] = fig["environment"]
+        entry["failed_checks"] = [c for c in fig["checks"] if not c["ok"]]
+        entry["ok"] = fig["ok"]
+        entry["churn"] = churn_fingerprint(r)
+        out[model] = entry
+    return out
+
+
+def churn_fingerprint(run: Run) -> str:
+    """The sequence of changes (their patterns) and every followed target's final truth:
+    equal for two runs of one scenario however their timing differed."""
+    parts = [",".join(e.pattern for e in run.truth.emissions[:run.changes])]
+    parts += [f"{t}={digest(s)}" for t, s in sorted(run.truth.final.items())]
+    return digest_text("|".join(parts))
+
+
+def digest_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def isolated_checks(iso: Mapping[str, Any], run: Run) -> list[dict[str, Any]]:
+    mine = churn_fingerprint(run)
+    out = []
+    for model, e in iso.items():
+        failed = e["failed_checks"]
+        out.append({"name": f"isolated {model}: every check of its run alone passed",
+                    "ok": not failed,
+                    "detail": "; ".join(f"{c['name']}: {c['detail']}" for c in failed[:3])})
+        # The churn's patterns are seeded; the final truth of a target it shares with
+        # the side-by-side run must agree (the isolated run may follow fewer targets).
+        same = _same_churn(run, run.isolated[model])
+        out.append({"name": f"isolated {model}: the same churn as the side-by-side run",
+                    "ok": same, "detail": "" if same else
+                    f"fingerprints {e['churn']} vs {mine}"})
+    return out
+
+
+def _same_churn(a: Run, b: Run) -> bool:
+    pa = [e.pattern for e in a.truth.emissions[:a.changes]]
+    pb = [e.pattern for e in b.truth.emissions[:b.changes]]
+    if pa != pb:
+        return False
+    return all(digest(a.truth.final[t]) == digest(s) for t, s in b.truth.final.items()
+               if t in a.truth.final)
 
 
 def _kube_by_pattern(values: Sequence[int], patterns: Sequence[str],

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.compare.charts import CHARTS
+from harness.compare.figures import p99_text
 
 
 def fmt_bytes(n: float) -> str:
@@ -23,22 +24,86 @@ def _ms(x: Any) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
+def latency_cell(lat: Mapping[str, Any]) -> str:
+    """p50 / p95 / p99 / max, the p99 only over enough samples (figures.p99_text)."""
+    return (f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {p99_text(lat)} / "
+            f"{_ms(lat.get('max'))}")
+
+
 def model_table(fig: Mapping[str, Any]) -> str:
-    rows = ["| model | clients | connections | streams | messages (churn) | bytes (churn) "
-            "| bytes / change | latency p50 / p95 / p99 / max (ms) | superseded | "
-            "server heap / client |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    rows = ["| model | client process | clients | connections | streams | messages (churn) "
+            "| bytes (churn) | bytes / change | latency p50 / p95 / p99 / max (ms) "
+            "| superseded | server heap / client |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for m in fig["models"].values():
-        lat = m["latency_ms"]
         heap = m["memory"]["heap_per_client"]
+        pid = m.get("process", {}).get("pid")
         rows.append(
-            f"| {m['title']} | {m['clients']} | {m['connections']} | {m['streams']} | "
+            f"| {m['title']} | {f'pid {pid}' if pid else '-'} | {m['clients']} | "
+            f"{m['connections']} | {m['streams']} | "
             f"{m['messages']['churn']:,} | {fmt_bytes(m['bytes']['churn'])} | "
-            f"{fmt_bytes(m['bytes']['per_change'])} | "
-            f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('p99'))} / "
-            f"{_ms(lat.get('max'))} | {m['versions']['superseded']} | "
+            f"{fmt_bytes(m['bytes']['per_change'])} | {latency_cell(m['latency_ms'])} | "
+            f"{m['versions']['superseded']} | "
             f"{fmt_bytes(heap) if m['memory']['heap_bytes'] >= 0 else '-'} |")
     return "\n".join(rows)
+
+
+def isolated_table(fig: Mapping[str, Any]) -> str:
+    iso = fig.get("isolated", {})
+    rows = ["| model | side by side: latency p50 / p95 / p99 / max (ms) | alone: latency "
+            "p50 / p95 / p99 / max (ms) | alone: bytes / change | alone: server CPU / "
+            "change | alone: client process |",
+            "|---|--:|--:|--:|--:|--:|"]
+    for model, e in iso.items():
+        side = fig["models"].get(model, {}).get("latency_ms", {})
+        pid = e.get("process", {}).get("pid")
+        rows.append(f"| {e.get('title', model)} | {latency_cell(side)} | "
+                    f"{latency_cell(e.get('latency_ms', {}))} | "
+                    f"{fmt_bytes(e.get('bytes', {}).get('per_change', 0))} | "
+                    f"{e['server_cpu_ms_per_change']:.2f} ms | "
+                    f"{f'pid {pid}' if pid else '-'} |")
+    return "\n".join(rows)
+
+
+def per_change_table(fig: Mapping[str, Any]) -> str:
+    """What one change costs each receiver, proxies and Kubernetes watchers alike."""
+    k = fig["kubernetes"]
+    rows = ["| receiver | receivers | bytes per change, each | bytes per change, all |",
+            "|---|--:|--:|--:|"]
+    for m in fig["models"].values():
+        rows.append(f"| {m['title']} | {m['clients']} | "
+                    f"{fmt_bytes(m['bytes']['per_change_per_client'])} | "
+                    f"{fmt_bytes(m['bytes']['per_change'])} |")
+    for key, title in (("endpoints", "v1 Endpoints watch"),
+                       ("endpointslices", "EndpointSlice watch")):
+        rows.append(f"| {title} | {k['watchers']} | "
+                    f"{fmt_bytes(k[key].get('per_change_per_watcher', 0))} | "
+                    f"{fmt_bytes(k[key]['per_change'])} |")
+    return "\n".join(rows)
+
+
+def environment_lines(fig: Mapping[str, Any]) -> list[str]:
+    env = fig.get("environment", {})
+    if not env:
+        return []
+
+    def load(xs: list[float]) -> str:
+        return " / ".join(f"{x:.2f}" for x in xs) if xs else "unknown"
+
+    procs = fig.get("processes", {})
+    return [
+        f"- commit `{env.get('commit', 'unknown')}`",
+        f"- Python {env.get('python')} ({env.get('python_implementation')}), grpcio "
+        f"{env.get('grpcio')}, protobuf {env.get('protobuf')}, {env.get('platform')}",
+        f"- cores: {env.get('cores')} ({env.get('cores_usable')} usable by this process)",
+        f"- load average (1 / 5 / 15 min): {load(env.get('load_start', []))} at the start, "
+        f"{load(env.get('load_end', []))} at the end",
+        f"- xDS endpoint metadata profile: **{env.get('xds_endpoint_metadata')}** "
+        "(`--xds-endpoint-metadata`)",
+        "- client processes, one per model: " + (", ".join(
+            f"{m} pid {p.get('pid')} ({p.get('cpu_seconds', 0):.2f}s CPU)"
+            for m, p in procs.items()) or "none"),
+    ]
 
 
 def kube_table(fig: Mapping[str, Any]) -> str:
@@ -73,7 +138,7 @@ def pattern_table(fig: Mapping[str, Any]) -> str:
     for m in fig["models"].values():
         by = m["latency_ms_by_pattern"]
         rows.append(f"| {m['title']} | " + " | ".join(
-            f"{_ms(by[p].get('p50'))} / {_ms(by[p].get('p99'))}" if p in by else "-"
+            f"{_ms(by[p].get('p50'))} / {p99_text(by[p])}" if p in by else "-"
             for p in patterns) + " |")
     return "\n".join(rows)
 
@@ -99,18 +164,37 @@ def markdown(fig: Mapping[str, Any]) -> str:
         f"{cl['slice_size']}, port {cl['port']}, {'meshed' if cl['meshed'] else 'unmeshed'}",
         f"- churn: {s['churn']['rate']:g} changes/s for {s['duration']:g}s, patterns "
         + ", ".join(f"{p} {w:g}" for p, w in s["churn"]["patterns"].items()),
-        f"- clients: {s['clients']['linkerd']} Linkerd, {s['clients']['sotw']} xDS SotW, "
-        f"{s['clients']['delta']} xDS delta; each follows {s['clients']['targets']} "
-        f"targets ({s['clients']['selection']}); {s['clients']['kube_watchers']} "
-        "Kubernetes watchers",
+        "- clients: " + ", ".join(f"{n} {m}" for m, n in s["clients"].items()
+                                  if m in fig["models"] or m in r["skipped_models"])
+        + f"; each follows {s['clients']['targets']} targets ({s['clients']['selection']}); "
+        f"{s['clients']['kube_watchers']} Kubernetes watchers",
     ]
     for model, why in r["skipped_models"].items():
         lines.append(f"- **{model} skipped**: {why}")
-    lines += ["", "## Proxy protocols", "", model_table(fig), "",
+    lines += ["", "## Environment", "", *environment_lines(fig)]
+    lines += ["", "## Proxy protocols, side by side", "", model_table(fig), "",
+              "Every model's clients ran in a process of their own, at the same time. "
               "Bytes are protobuf message payloads as counted by the clients (and, "
               "identically, by the server). Latency runs from the source's emission of a "
               "change to the client decoding the message that gives it that version's "
-              "state; superseded versions were coalesced into a later one.", ""]
+              "state; superseded versions were coalesced into a later one. A p99 is given "
+              "over at least 100 samples, else the max of the N there are.", ""]
+    leds = fig["models"].get("leds", {}).get("leds")
+    if leds is not None:
+        lines += [("LEDS: the clients followed "
+                   f"{leds['collections']} collections and received {leds['resources']:,} "
+                   f"LbEndpoint resources ({leds['removed']:,} removed) besides "
+                   f"{leds['cla_updates']:,} CLAs.") if leds["resources"] else
+                  "LEDS: the server answered the LEDS clients with plain CLAs (endpoints "
+                  "inline, no collection): it does not serve LEDS, and the LEDS row is a "
+                  "delta client's.", ""]
+    if "isolated" in fig:
+        lines += ["## Each model alone (`--isolate`)", "", isolated_table(fig), "",
+                  "Each model's clients alone against a fresh server, one model after "
+                  "another, on the same seeded churn: nothing shared. The difference from "
+                  "the side-by-side figures is what the models cost each other on this "
+                  "machine.", ""]
+    lines += ["## Bytes per change, every receiver", "", per_change_table(fig), ""]
     pt = pattern_table(fig)
     if pt:
         lines += ["## By churn pattern", "", pt, ""]

@@ -2,9 +2,10 @@
 
     1. meshbridge starts on 127.0.0.1 (ephemeral ports) on the sim source, its churn
        held back; the truth recorder joins the View of every followed target.
-    2. The client process starts (the same Python) and connects one model at a time,
-       each waiting for every initial snapshot, so that the server's memory growth
-       per model can be read between them.
+    2. One client process per model starts (the same Python), so that no model's
+       decoding delays another's; they connect one model at a time, each waiting for
+       every initial snapshot, so that the server's memory growth per model can be
+       read between them.
     3. The churn runs for the scenario's duration.
     4. Settle: wait until the clients have received exactly what the server sent and
        nothing moved for a quiet period (with a deadline), read the server's own
@@ -33,9 +34,11 @@ import structlog
 
 from bridge.model import MeshConfig
 from bridge.sources.sim import SimSource
-from harness.compare.scenario import MODELS, CompareScenario
+from harness.compare import environment
+from harness.compare.scenario import MODELS, ClientSpec, CompareScenario
 from harness.compare.truth import TruthRecorder
 from harness.compare.wire import CountingServer, WireCounter
+from harness.normalize import digest
 from meshbridge import gctune
 from meshbridge.app import App, ProtocolLayer, ServeOptions
 from meshbridge.layers import PROTOCOL_LAYERS, load_optional
@@ -45,7 +48,7 @@ log = structlog.get_logger("meshbridge.compare")
 
 # What `meshbridge serve` mounts; a model whose layer is absent is skipped and said so.
 MODEL_LAYER = {"linkerd": "linkerd_api.service", "sotw": "xds_api.service",
-               "delta": "xds_api.service"}
+               "delta": "xds_api.service", "leds": "xds_api.service"}
 STREAM_MODEL = {"linkerd-get": "linkerd"}  # xDS streams are told apart by node id
 LINKERD_GET = "/io.linkerd.proxy.destination.Destination/Get"
 
@@ -60,6 +63,10 @@ class RunOptions:
     settle_timeout: float = 30.0
     quiet: float = 0.5
     trace_memory: bool = True
+    # Also run each model alone, one after another, on the same seeded churn.
+    isolate: bool = False
+    # The protocol layers' typed options, as `serve` passes them (`--xds-*`).
+    layer_options: tuple[object, ...] = ()
 
 
 class ExtraClients(Protocol):
@@ -111,8 +118,11 @@ class Run:
     memory: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> figures
     connect: dict[str, dict[str, Any]] = field(default_factory=dict)
     server: dict[str, ServerCounts] = field(default_factory=dict)
-    client_counts: dict[str, list[int]] = field(default_factory=dict)  # live, from worker
-    results: dict[str, Any] = field(default_factory=dict)  # what the worker wrote
+    client_counts: dict[str, list[int]] = field(default_factory=dict)  # live, from workers
+    results: dict[str, Any] = field(default_factory=dict)  # what the workers wrote, merged
+    processes: dict[str, dict[str, Any]] = field(default_factory=dict)  # model -> pid, cpu
+    environment: dict[str, Any] = field(default_factory=dict)  # harness.compare.environment
+    isolated: dict[str, Run] = field(default_factory=dict)  # model -> its run alone
     live_server: dict[str, ServerCounts] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     grpc_port: int = 0
@@ -204,7 +214,7 @@ def _xds_model(node_id: str) -> str | None:
 
 
 class WorkerProcess:
-    """The client process and its JSON-lines conversation."""
+    """One model's client process and its JSON-lines conversation."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
@@ -247,10 +257,10 @@ class WorkerProcess:
         try:
             reply = await asyncio.wait_for(self.replies.get(), timeout)
         except TimeoutError:
-            raise RunError(f"client process: no answer to {cmd['cmd']} within "
-                           f"{timeout:g}s") from None
+            raise RunError(f"client process {self.proc.pid}: no answer to {cmd['cmd']} "
+                           f"within {timeout:g}s") from None
         if reply.get("event") == "exited":
-            raise RunError(f"client process exited during {cmd['cmd']} "
+            raise RunError(f"client process {self.proc.pid} exited during {cmd['cmd']} "
                            f"(status {await self.proc.wait()})")
         return reply
 
@@ -264,10 +274,61 @@ class WorkerProcess:
             await self.proc.wait()
 
 
+class Workers:
+    """The client processes of a run, one per model."""
+
+    def __init__(self) -> None:
+        self.by_model: dict[str, WorkerProcess] = {}
+        self.results: dict[str, Path] = {}
+
+    @property
+    def counts(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for w in self.by_model.values():
+            out.update(w.counts)
+        return out
+
+    async def start(self, model: str, server: str, specs: list[ClientSpec], out: Path,
+                    options: RunOptions) -> None:
+        config = out / f"clients-{model}.json"
+        results = out / f"client-results-{model}.json"
+        config.write_text(json.dumps({
+            "server": server,
+            "clients": [{"model": s.model, "index": s.index, "targets": list(s.targets)}
+                        for s in specs if s.model == model],
+            "results": str(results),
+            "connect_timeout": options.connect_timeout,
+        }), encoding="utf-8")
+        self.results[model] = results
+        self.by_model[model] = await WorkerProcess.start(
+            config, out / f"client-process-{model}.log")
+
+    async def stop(self) -> dict[str, Any]:
+        """Stop every process (at once) and merge what they wrote."""
+        await asyncio.gather(*(w.request({"cmd": "stop"}, 60.0)
+                               for w in self.by_model.values()))
+        merged: dict[str, Any] = {"records": [], "finals": [], "states": {},
+                                  "cpu_seconds": 0.0, "processes": {}}
+        for model, path in self.results.items():
+            res = json.loads(path.read_text(encoding="utf-8"))
+            merged["records"] += res["records"]
+            merged["finals"] += res["finals"]
+            merged["states"].update(res["states"])
+            merged["cpu_seconds"] += res["cpu_seconds"]
+            merged["processes"][model] = {"pid": res["pid"], "cpu_seconds": res["cpu_seconds"]}
+        return merged
+
+    async def close(self) -> None:
+        for w in self.by_model.values():
+            await w.close()
+
+
 async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Progress,
               extra: ExtraClients | None = None) -> Run:
     """Carry out one run; raises RunError if it cannot."""
+    out.mkdir(parents=True, exist_ok=True)
     r = Run(cs)
+    r.environment = environment.at_start(options.layer_options)
     layers, present = load_layers(r.broken, r.wire)
     wanted = [m for m in MODELS if cs.clients.count(m) > 0]
     for m in wanted:
@@ -286,9 +347,10 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
                     max_streams_per_connection=max(Limits().max_streams_per_connection,
                                                    2 * len(cs.all_targets()) + 100),
                     h2=LOOPBACK_CROWD)
-    app = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits),
+    app = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits,
+                                                 layer_options=options.layer_options),
               layers)
-    worker: WorkerProcess | None = None
+    workers = Workers()
     try:
         progress.phase("starting meshbridge")
         await app.start()
@@ -302,16 +364,8 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         specs = cs.client_specs(r.models)
         r.truth.follow(app.views, cs.followed_targets())
         gctune.settle_heap()  # as `meshbridge serve` does once synced
-        config = out / "clients.json"
-        results = out / "client-results.json"
-        config.write_text(json.dumps({
-            "server": f"127.0.0.1:{app.grpc_port}",
-            "clients": [{"model": s.model, "index": s.index, "targets": list(s.targets)}
-                        for s in specs],
-            "results": str(results),
-            "connect_timeout": options.connect_timeout,
-        }), encoding="utf-8")
-        worker = await WorkerProcess.start(config, out / "client-process.log")
+        for model in r.models:
+            await workers.start(model, f"127.0.0.1:{app.grpc_port}", specs, out, options)
         gc.collect()
         r.rss_start = rss_bytes()
         if options.trace_memory:
@@ -320,10 +374,11 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
             r.phase = f"connecting {model} clients"
             progress.phase(r.phase)
             before_rss, before_heap = rss_bytes(), _heap()
-            reply = await worker.request({"cmd": "connect", "model": model},
-                                         options.connect_timeout + 10)
+            reply = await workers.by_model[model].request({"cmd": "connect", "model": model},
+                                                          options.connect_timeout + 10)
             gc.collect()
             r.connect[model] = reply
+            r.processes[model] = {"pid": reply.get("pid", workers.by_model[model].proc.pid)}
             r.memory[model] = {"rss": rss_bytes() - before_rss,
                                "heap": _heap() - before_heap if options.trace_memory else -1}
             bad = reply.get("error_count", 0) + reply.get("missing_count", 0)
@@ -348,7 +403,7 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         while not source.finished.is_set():
             if time.monotonic() > churn_deadline:
                 raise RunError("the churn did not finish in time")
-            r.client_counts = worker.counts
+            r.client_counts = workers.counts
             r.live_server = server_counts(app, r.wire)
             progress.tick(r)
             with contextlib.suppress(TimeoutError):
@@ -358,7 +413,7 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
 
         r.phase = "settling"
         progress.phase("settling: waiting for the clients to be quiet")
-        r.settled = await _settle(app, worker, r, options, progress)
+        r.settled = await _settle(app, workers, r, options, progress)
         r.settled_ns = time.monotonic_ns()
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         r.cpu_seconds = time.process_time() - cpu0
@@ -371,15 +426,16 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
 
         r.phase = "collecting"
         progress.phase("collecting what the clients received")
-        await worker.request({"cmd": "stop"}, 60.0)
-        r.results = json.loads(results.read_text(encoding="utf-8"))
+        r.results = await workers.stop()
+        for model, proc in r.results["processes"].items():
+            r.processes.setdefault(model, {}).update(proc)
         r.truth.unfollow(app.views)
+        environment.at_end(r.environment)
         return r
     finally:
         if tracemalloc.is_tracing():
             tracemalloc.stop()
-        if worker is not None:
-            await worker.close()
+        await workers.close()
         await app.stop(grace=0.5)
         gctune.release_heap()
 
@@ -388,17 +444,26 @@ def _heap() -> int:
     return tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
 
 
-async def _settle(app: App, worker: WorkerProcess, r: Run, options: RunOptions,
+async def _settle(app: App, workers: Workers, r: Run, options: RunOptions,
                   progress: Progress) -> bool:
-    """Wait until every model's clients have received what the server sent and nothing
-    has moved for `options.quiet` seconds; False if the deadline came first."""
+    """Wait until every model's clients hold the source's final truth, then until they
+    have received what the server sent and nothing has moved for `options.quiet`
+    seconds; False if the deadline came first. The truth comes first because a server
+    may take longer than the quiet period to push the last change of a big service."""
     deadline = time.monotonic() + options.settle_timeout
+    truth = {t: digest(s) for t, s in r.truth.final.items()}
+    await asyncio.gather(*(w.request({"cmd": "await", "truth": truth,
+                                      "timeout": options.settle_timeout},
+                                     options.settle_timeout + 10)
+                           for w in workers.by_model.values()))
+    # However long that took, the counts get their quiet period.
+    deadline = max(deadline, time.monotonic() + 4 * options.quiet)
     last: object = None
     still_since = time.monotonic()
     while time.monotonic() < deadline:
         r.live_server = server_counts(app, r.wire)
         server = {m: [c.messages, c.bytes] for m, c in r.live_server.items()}
-        clients = {m: list(v) for m, v in worker.counts.items()}
+        clients = {m: list(v) for m, v in workers.counts.items()}
         r.client_counts = clients
         now = (server, clients)
         agree = all(clients.get(m) == server.get(m) for m in r.models)
@@ -409,3 +474,15 @@ async def _settle(app: App, worker: WorkerProcess, r: Run, options: RunOptions,
         progress.tick(r)
         await asyncio.sleep(0.05)  # polling with a deadline
     return False
+
+
+async def run_isolated(cs: CompareScenario, out: Path, options: RunOptions,
+                       progress: Progress, models: tuple[str, ...]) -> dict[str, Run]:
+    """Each model alone, one after another: a fresh server on the same seeded churn
+    (the sim's changes are a function of the scenario), nothing shared with the
+    other models' runs. Each run's raw data go to `out/isolated-<model>/`."""
+    runs: dict[str, Run] = {}
+    for model in models:
+        progress.phase(f"isolated run: {model} alone")
+        runs[model] = await run(cs.only(model), out / f"isolated-{model}", options, progress)
+    return runs

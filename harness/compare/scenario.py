@@ -8,6 +8,8 @@ follows:
       linkerd: 10          # Linkerd proxies: one destination Get stream per target
       sotw: 10             # xDS clients, state of the world: one ADS stream each
       delta: 10            # xDS clients, incremental: one delta ADS stream each
+      leds: 10             # xDS clients over LEDS: delta ADS, each endpoint its own
+                           # LbEndpoint resource in a per-locality collection
       targets: 5           # services each client follows; "all" for every service
       selection: spread    # spread | same | random: which services those are
       kube_watchers: 100   # Kubernetes watchers of the endpoints API (kube-proxy on
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +33,21 @@ from bridge.authority import format_authority
 from bridge.model import ServiceKey
 from bridge.sources.sim import Scenario, ScenarioError, load_scenario, parse_scenario
 
-MODELS = ("linkerd", "sotw", "delta")
+# Every measuring model, in the order they connect and appear in the report; adding
+# one is a line here, its client in harness.compare.worker and its layer in run.py.
+MODELS = ("linkerd", "sotw", "delta", "leds")
+XDS_MODELS = frozenset({"sotw", "delta", "leds"})
 MODEL_TITLES = {
     "linkerd": "Linkerd Get (stream per target)",
     "sotw": "xDS SotW (ADS)",
     "delta": "xDS delta (ADS)",
+    "leds": "xDS LEDS (delta ADS, endpoint per resource)",
     "envoy": "Envoy (xDS SotW, real proxy)",
 }
 SELECTIONS = ("spread", "same", "random")
 MAX_CLIENTS = 10000
 MAX_WATCHERS = 1_000_000
+DEFAULT_COUNT = {"linkerd": 1, "sotw": 1, "delta": 1, "leds": 0}
 CLIENT_KEYS = {*MODELS, "targets", "selection", "kube_watchers"}
 
 
@@ -49,6 +56,7 @@ class ClientPlan:
     linkerd: int = 1
     sotw: int = 1
     delta: int = 1
+    leds: int = 0  # not in a scenario that predates it: its files keep their meaning
     targets: int | None = 1  # per client; None: every service
     selection: str = "spread"
     kube_watchers: int = 1
@@ -56,6 +64,12 @@ class ClientPlan:
     def count(self, model: str) -> int:
         value: int = getattr(self, model)
         return value
+
+    def only(self, model: str) -> ClientPlan:
+        """The same plan with every other model's clients left out (`--isolate`)."""
+        counts = {m: self.count(m) if m == model else 0 for m in MODELS}
+        return ClientPlan(counts["linkerd"], counts["sotw"], counts["delta"], counts["leds"],
+                          self.targets, self.selection, self.kube_watchers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +95,10 @@ class CompareScenario:
     def duration(self) -> float:
         assert self.scenario.duration is not None
         return self.scenario.duration
+
+    def only(self, model: str) -> CompareScenario:
+        """This scenario with one model's clients only: the same seeded churn."""
+        return CompareScenario(self.scenario, self.clients.only(model), self.source)
 
     def services(self) -> list[tuple[str, str]]:
         """(namespace, name) of every sim service, in the sim's order."""
@@ -131,9 +149,9 @@ def parse_clients(raw: Mapping[str, Any], services: int) -> ClientPlan:
     if unknown:
         raise ScenarioError(f"clients: unknown key {unknown[0]!r} (allowed: "
                             f"{', '.join(sorted(CLIENT_KEYS))})")
-    counts = {m: _int(raw, m, 0, MAX_CLIENTS, 1) for m in MODELS}
+    counts = {m: _int(raw, m, 0, MAX_CLIENTS, DEFAULT_COUNT[m]) for m in MODELS}
     if not any(counts.values()):
-        raise ScenarioError("clients: at least one of linkerd, sotw, delta must be > 0")
+        raise ScenarioError(f"clients: at least one of {', '.join(MODELS)} must be > 0")
     targets_raw = raw.get("targets", 1)
     targets: int | None
     if targets_raw == "all":
@@ -148,8 +166,8 @@ def parse_clients(raw: Mapping[str, Any], services: int) -> ClientPlan:
         raise ScenarioError(f"clients.selection: must be one of {', '.join(SELECTIONS)}, "
                             f"got {selection!r}")
     watchers = _int(raw, "kube_watchers", 1, MAX_WATCHERS, 1)
-    return ClientPlan(counts["linkerd"], counts["sotw"], counts["delta"], targets,
-                      str(selection), watchers)
+    return ClientPlan(counts["linkerd"], counts["sotw"], counts["delta"], counts["leds"],
+                      targets, str(selection), watchers)
 
 
 def check_for_compare(scenario: Scenario, duration: float | None = None) -> CompareScenario:
@@ -165,8 +183,6 @@ def check_for_compare(scenario: Scenario, duration: float | None = None) -> Comp
 
 
 def _with_duration(scenario: Scenario, duration: float) -> Scenario:
-    from dataclasses import replace
-
     return replace(scenario, duration=float(duration))
 
 

@@ -11,7 +11,8 @@ from harness.compare.markdown import fmt_bytes
 from harness.compare.run import Run
 from harness.compare.scenario import MODELS, CompareScenario
 
-SHORT_TITLES = {"linkerd": "Linkerd Get", "sotw": "xDS SotW", "delta": "xDS delta"}
+SHORT_TITLES = {"linkerd": "Linkerd Get", "sotw": "xDS SotW", "delta": "xDS delta",
+                "leds": "xDS LEDS"}
 
 
 class PlainView:
@@ -97,7 +98,7 @@ class LiveView:
             server = r.live_server.get(m) if r is not None else None
             client = r.client_counts.get(m) if r is not None else None
             table.add_row(
-                SHORT_TITLES[m], str(n), str(server.streams) if server else "-",
+                SHORT_TITLES.get(m, m), str(n), str(server.streams) if server else "-",
                 f"{server.messages:,} / {fmt_bytes(server.bytes)}" if server else "-",
                 f"{client[0]:,} / {fmt_bytes(client[1])}" if client else "-")
         versions = r.truth.churn_versions() if r is not None else 0

@@ -1,13 +1,18 @@
-"""The measuring clients of `meshbridge compare`, in a process of their own.
+"""The measuring clients of one model of `meshbridge compare`, in a process of their own.
 
 `python -m harness.compare.worker CONFIG.json` runs them so that the server's CPU
-seconds and memory are the server's alone. It talks to its parent in JSON lines:
+seconds and memory are the server's alone, and `compare` starts one such process per
+model, so that one model's decoding never delays another's messages (a process
+decodes one message at a time). It talks to its parent in JSON lines:
 
     stdin   {"cmd": "connect", "model": "linkerd"}   open that model's clients, wait
                                                      for every initial snapshot
+            {"cmd": "await", "truth": {target: digest},   wait (up to timeout s) until
+             "timeout": s}                           every client holds that truth
             {"cmd": "stop"}                          close everything, write results
-    stdout  {"event": "connected", "model": ..., "missing": [...], "errors": [...]}
+    stdout  {"event": "connected", "model": ..., "pid": ..., "missing": [...], ...}
             {"event": "progress", "counts": {model: [messages, bytes]}}
+            {"event": "at_truth", "ok": ..., "behind": [...]}
             {"event": "done"}
 
 Each message a client decodes becomes one record (model, client, at_ns, size, kind,
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,10 +36,13 @@ from typing import Any
 import grpc
 
 from harness.clients import LinkerdClient, Received, XdsClient
+from harness.compare.leds import OPT_IN_KEY as LEDS_OPT_KEY
+from harness.compare.leds import LedsClient
 from harness.normalize import NormalEndpoint, State, digest, from_cla
 from meshbridge import gctune
 
 PROGRESS_PERIOD = 0.1
+LEDS_NEVER = "never"  # the server's opt-out: EDS with endpoints inline
 CACHE_LIMIT = 4096
 
 
@@ -94,6 +103,9 @@ def endpoint_row(e: NormalEndpoint) -> list[Any]:
             e.locality, e.health]
 
 
+Client = LinkerdClient | XdsClient | LedsClient
+
+
 @dataclass(slots=True)
 class Tally:
     messages: int = 0
@@ -108,7 +120,7 @@ class Worker:
     connect_timeout: float
     records: list[list[Any]] = field(default_factory=list)
     tallies: dict[str, Tally] = field(default_factory=dict)
-    clients: list[LinkerdClient | XdsClient] = field(default_factory=list)
+    clients: list[Client] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     _last_progress: dict[str, list[int]] = field(default_factory=dict)
@@ -124,21 +136,29 @@ class Worker:
 
     async def connect(self, model: str) -> dict[str, Any]:
         started = time.monotonic_ns()
-        mine: list[LinkerdClient | XdsClient] = []
+        mine: list[Client] = []
         for spec in self.specs:
             if spec["model"] != model:
                 continue
             channel = grpc.aio.insecure_channel(self.server, options=channel_options())
             self.channels.append(channel)
-            client: LinkerdClient | XdsClient
+            client: Client
             if model == "linkerd":
                 client = LinkerdClient(channel, spec["targets"], spec["index"],
                                        observe=self.observe)
+            elif model == "leds":
+                client = LedsClient(channel, spec["targets"], spec["index"],
+                                    node_id=f"compare-{model}-{spec['index']}",
+                                    observe=self.observe)
             else:
                 client = XdsClient(channel, spec["targets"], spec["index"],
                                    delta=model == "delta",
                                    node_id=f"compare-{model}-{spec['index']}",
                                    observe=self.observe, normalize=self.cla_states)
+                if model == "delta":
+                    # The delta model measures EDS: whole CLAs whatever the service's
+                    # size, not the LEDS a server may switch big services to.
+                    client.node.metadata.update({LEDS_OPT_KEY: LEDS_NEVER})
             mine.append(client)
             self.tasks.append(asyncio.create_task(client.run(), name=f"{model}-{spec['index']}"))
         self.clients.extend(mine)
@@ -161,12 +181,36 @@ class Worker:
                 elif isinstance(client, LinkerdClient):
                     if not client.first_message[target].is_set():
                         missing.append(f"{model}-{client.client_id} {target}")
+                elif isinstance(client, LedsClient):
+                    if not client.complete(target):
+                        missing.append(f"{model}-{client.client_id} {target}")
                 elif target not in client.received:
                     missing.append(f"{model}-{client.client_id} {target}")
-        return {"event": "connected", "model": model, "missing": missing[:20],
+        return {"event": "connected", "model": model, "pid": os.getpid(),
+                "missing": missing[:20],
                 "missing_count": len(missing), "errors": errors[:20],
                 "error_count": len(errors),
                 "seconds": (time.monotonic_ns() - started) / 1e9}
+
+    def behind(self, truth: dict[str, str]) -> list[str]:
+        """Clients whose state for a target is not `truth`'s (address digests)."""
+        out = []
+        for client in self.clients:
+            for target in client.targets:
+                want = truth.get(target)
+                st = client.state.get(target)
+                have = state_digest(st.state() if st is not None else frozenset())
+                if want is not None and have != want:
+                    out.append(f"{client.model}-{client.client_id} {target}")
+        return out
+
+    async def await_truth(self, truth: dict[str, str], timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        behind = self.behind(truth)
+        while behind and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # polling with a deadline, as the parent's settle
+            behind = self.behind(truth)
+        return {"event": "at_truth", "ok": not behind, "behind": behind[:20]}
 
     def progress(self) -> dict[str, Any] | None:
         counts = {m: [t.messages, t.bytes] for m, t in self.tallies.items()}
@@ -177,7 +221,7 @@ class Worker:
 
     async def stop(self) -> None:
         for client in self.clients:
-            if isinstance(client, XdsClient):
+            if isinstance(client, XdsClient | LedsClient):
                 await client.close()
         for task in self.tasks:
             task.cancel()
@@ -203,12 +247,18 @@ class Worker:
                           else getattr(client, "status", ""))
                 targets[target] = {"addr": state_digest(state), "full": full,
                                    "endpoints": len(state), "status": status}
-            finals.append({"model": model, "index": client.client_id, "targets": targets,
-                           "messages": client.messages, "bytes": client.bytes,
-                           "nacks": getattr(client, "nacks", 0)})
+            final = {"model": model, "index": client.client_id, "targets": targets,
+                     "messages": client.messages, "bytes": client.bytes,
+                     "nacks": getattr(client, "nacks", 0)}
+            if isinstance(client, LedsClient):
+                final["leds"] = {"collections": len(client.collections),
+                                 "resources": client.leds_resources,
+                                 "removed": client.leds_removed,
+                                 "cla_updates": client.cla_updates}
+            finals.append(final)
         cpu = time.process_time()
         body = {"records": self.records, "finals": finals, "states": states,
-                "cpu_seconds": cpu}
+                "cpu_seconds": cpu, "pid": os.getpid()}
         tmp = self.results.with_suffix(".tmp")
         tmp.write_text(json.dumps(body, separators=(",", ":")), encoding="utf-8")
         tmp.replace(self.results)
@@ -252,6 +302,8 @@ async def main_async(config_path: Path) -> int:
                 # them, so that its pauses are not what the latencies measure.
                 gctune.settle_heap()
                 emit(reply)
+            elif cmd["cmd"] == "await":
+                emit(await worker.await_truth(cmd["truth"], float(cmd["timeout"])))
             elif cmd["cmd"] == "stop":
                 reporter.cancel()
                 final = worker.progress()

@@ -1,10 +1,12 @@
-"""`meshbridge compare` end to end: a real server, real gRPC clients in a child process,
-a real churn; the report's figures must agree with each other and with the truth."""
+"""`meshbridge compare` end to end: a real server, real gRPC clients in a child process
+per model, a real churn (side by side, then each model alone with --isolate); the
+report's figures must agree with each other and with the truth."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,8 @@ from harness.normalize import State
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "bench" / "scenarios" / "smoke.yaml"
+BIG = ROOT / "bench" / "scenarios" / "one-big-service.yaml"
+MODELS = ("linkerd", "sotw", "delta", "leds")
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,9 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Complete
                                                              dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("compare-smoke")
     proc = subprocess.run(
-        [sys.executable, "-m", "meshbridge.cli", "compare", str(SMOKE), "--out", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT)
+        [sys.executable, "-m", "meshbridge.cli", "compare", str(SMOKE), "--out", str(out),
+         "--isolate"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() \
         else {}
     return proc, report, out
@@ -45,9 +50,9 @@ def test_the_smoke_scenario_passes_every_check(smoke: Any) -> None:
 def test_every_model_with_a_layer_ran(smoke: Any) -> None:
     _, report, _ = smoke
     linkerd_layer = importlib.util.find_spec("linkerd_api.service") is not None
-    expected = {"sotw", "delta"} | ({"linkerd"} if linkerd_layer else set())
+    expected = {"sotw", "delta", "leds"} | ({"linkerd"} if linkerd_layer else set())
     assert set(report["models"]) == expected
-    assert set(report["run"]["skipped_models"]) == {"linkerd", "sotw", "delta"} - expected
+    assert set(report["run"]["skipped_models"]) == set(MODELS) - expected
 
 
 def test_client_bytes_equal_server_bytes_per_model(smoke: Any) -> None:
@@ -81,6 +86,11 @@ def test_message_counts_match_the_churn(smoke: Any) -> None:
             assert m["messages"]["snapshot"] == m["clients"]
             assert m["messages"]["target_updates"] - m["subscriptions"] == v["delivered"]
             assert m["streams"] == m["connections"] == m["clients"]
+        elif name == "leds":
+            # One delta stream per client; a delivered version takes one or more
+            # (response, target) updates: the CLA, the LbEndpoints that moved.
+            assert m["streams"] == m["connections"] == m["clients"]
+            assert v["delivered"] <= m["messages"]["target_updates"] - m["subscriptions"]
         else:
             assert m["streams"] == m["subscriptions"] and m["connections"] == m["clients"]
             assert v["delivered"] <= m["messages"]["churn"] <= 2 * v["due"]
@@ -104,10 +114,154 @@ def test_the_report_has_its_tables_and_charts(smoke: Any) -> None:
     assert md.startswith("# meshbridge compare: smoke") and "**PASS**" in md
     for title in (m["title"] for m in report["models"].values()):
         assert title in md
+    for section in ("## Environment", "## Proxy protocols, side by side",
+                    "## Each model alone (`--isolate`)", "## Bytes per change, every receiver"):
+        assert section in md, section
     for chart in ("latency_cdf.png", "bytes_per_change.png", "cumulative_bytes.png"):
         data = (out / chart).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, chart
         assert f"]({chart})" in md
+
+
+def test_each_model_ran_in_a_client_process_of_its_own(smoke: Any) -> None:
+    _, report, out = smoke
+    procs = report["processes"]
+    assert set(procs) == set(report["models"])
+    pids = [p["pid"] for p in procs.values()]
+    assert len(set(pids)) == len(pids) and os.getpid() not in pids
+    for name, m in report["models"].items():
+        assert m["process"]["pid"] == procs[name]["pid"] and procs[name]["cpu_seconds"] > 0
+        # Every record of a model's results came from that model's process alone.
+        raw = json.loads((out / f"client-results-{name}.json").read_text())
+        assert raw["pid"] == procs[name]["pid"]
+        assert {rec[0] for rec in raw["records"]} == {name}
+    md = (out / "report.md").read_text()
+    assert all(f"pid {pid}" in md for pid in pids)
+
+
+def test_isolate_runs_each_model_alone_on_the_same_churn(smoke: Any) -> None:
+    _, report, out = smoke
+    iso = report["isolated"]
+    assert set(iso) == set(report["models"])
+    side_pids = {p["pid"] for p in report["processes"].values()}
+    for name, e in iso.items():
+        assert e["ok"], e["failed_checks"]
+        assert e["changes"] == report["run"]["changes"]
+        # The same seeded churn, each model's clients alone: the same work.
+        assert e["subscriptions"] == report["models"][name]["subscriptions"]
+        assert e["versions"]["due"] == report["models"][name]["versions"]["due"]
+        assert e["latency_ms"]["count"] == e["versions"]["delivered"] > 0
+        assert e["process"]["pid"] not in side_pids
+        raw = json.loads((out / f"isolated-{name}" / f"client-results-{name}.json")
+                         .read_text())
+        assert {rec[0] for rec in raw["records"]} == {name}
+    same = [c for c in report["checks"] if c["name"].endswith("the same churn as the "
+                                                               "side-by-side run")]
+    assert len(same) == len(iso) and all(c["ok"] for c in same)
+
+
+def test_the_report_records_its_environment(smoke: Any) -> None:
+    _, report, out = smoke
+    env = report["environment"]
+    assert len(env["commit"]) >= 40 and env["python"] == sys.version.split()[0]
+    import grpc
+
+    assert env["grpcio"] == grpc.__version__
+    assert env["cores"] == os.cpu_count()
+    assert len(env["load_start"]) == 3 and len(env["load_end"]) == 3
+    assert env["xds_endpoint_metadata"] in ("none", "istio", "linkerd")
+    md = (out / "report.md").read_text()
+    assert f"commit `{env['commit']}`" in md and f"grpcio {env['grpcio']}" in md
+    assert f"profile: **{env['xds_endpoint_metadata']}**" in md
+    assert "load average" in md
+
+
+def test_p99s_in_the_tables_follow_the_sample_count(smoke: Any) -> None:
+    _, report, out = smoke
+    md = (out / "report.md").read_text()
+    for m in report["models"].values():
+        lat = m["latency_ms"]
+        assert lat["p99_enough"] == (lat["count"] >= 100)
+        if not lat["p99_enough"]:
+            assert f"max of {lat['count']}" in md
+
+
+def test_leds_clients_get_each_endpoint_as_its_own_resource(smoke: Any) -> None:
+    # Needs the server's LEDS (xds_api): a delta client that opts in with node metadata
+    # `meshbridge.io/leds: "always"` gets a collection per locality in its CLAs.
+    _, report, _ = smoke
+    leds = report["models"]["leds"]["leds"]
+    subs = report["models"]["leds"]["subscriptions"]
+    assert leds["clients"] == report["scenario"]["clients"]["leds"]
+    assert leds["collections"] >= subs and leds["resources"] > 0
+    # Every endpoint of every followed target arrived as its own resource at least once.
+    endpoints = report["scenario"]["cluster"]["endpoints_per_service"]
+    assert leds["resources"] >= subs * endpoints // 2
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], Path]:
+    """The bundled one-big-service scenario scaled down: 500 endpoints (5 slices),
+    2 seconds of the flapping pod, 2 clients per model; through the command."""
+    import yaml
+
+    out = tmp_path_factory.mktemp("compare-big")
+    raw = yaml.safe_load(BIG.read_text())
+    raw["cluster"]["endpoints_per_service"] = 500
+    raw["duration"] = 2
+    raw["clients"].update({m: 2 for m in MODELS})
+    scenario = out / "one-big-service.yaml"
+    scenario.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshbridge.cli", "compare", str(scenario), "--out",
+         str(out), "--no-charts"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() \
+        else {}
+    assert report, proc.stdout + proc.stderr
+    return proc.returncode, report, out
+
+
+def test_the_bundled_big_service_scenario_is_the_textbook_endpointslice_case() -> None:
+    from harness.compare.scenario import load_compare_scenario
+
+    cs = load_compare_scenario(BIG)
+    shape = cs.scenario.cluster
+    assert (shape.services, shape.endpoints_per_service, shape.slice_size) == (1, 5000, 100)
+    assert cs.scenario.churn.rate == 3 and dict(cs.scenario.churn.patterns)["flap"] > 0
+    assert {p for p, w in cs.scenario.churn.patterns.items() if w} == {"flap"}
+    assert cs.clients.kube_watchers == 100
+    assert all(cs.clients.count(m) > 0 for m in MODELS)
+
+
+def test_the_big_service_scenario_scaled_down_puts_kube_beside_four_models(
+        big: Any) -> None:
+    status, report, out = big
+    assert status == 0, [c for c in report["checks"] if not c["ok"]]
+    models = report["models"]
+    assert set(MODELS) - set(report["run"]["skipped_models"]) == set(models)
+    k = report["kubernetes"]
+    # A change rewrites the 500-address Endpoints object, but one slice of 100.
+    assert k["endpoints"]["per_change_per_watcher"] > 2 * k["endpointslices"][
+        "per_change_per_watcher"] > 0
+    # The CLA is the EDS resource: SotW and delta both resend it whole.
+    sotw, delta = (models[m]["bytes"]["per_change_per_client"] for m in ("sotw", "delta"))
+    assert delta == pytest.approx(sotw, rel=0.05)
+    if "linkerd" in models:
+        assert models["linkerd"]["bytes"]["per_change_per_client"] < sotw / 20
+    md = (out / "report.md").read_text()
+    for row in ("v1 Endpoints watch", "EndpointSlice watch",
+                *(m["title"] for m in models.values())):
+        assert f"| {row} |" in md
+
+
+def test_over_leds_one_endpoint_change_costs_one_small_response(big: Any) -> None:
+    # Needs the server's LEDS (xds_api), like the LEDS test above.
+    _, report, _ = big
+    m = report["models"]
+    assert m["leds"]["leds"]["resources"] >= m["leds"]["clients"] * 500
+    # One LbEndpoint instead of the 500-endpoint CLA that delta is sent.
+    leds = m["leds"]["bytes"]["per_change_per_client"]
+    assert 0 < leds < m["delta"]["bytes"]["per_change_per_client"] / 20
 
 
 STATIC = """

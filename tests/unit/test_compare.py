@@ -84,6 +84,9 @@ def test_bad_options_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "--envoy" in capsys.readouterr().err
     assert cli_main(["compare", str(SMOKE), "--duration", "0"]) == 2
     assert "--duration" in capsys.readouterr().err
+    # The server's own --xds-* flags are the xDS layer's, checked by it.
+    assert cli_main(["compare", str(SMOKE), "--xds-write-timeout", "-1"]) == 2
+    assert capsys.readouterr().err.startswith("meshbridge compare: ")
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
@@ -296,3 +299,87 @@ async def test_the_wire_counter_counts_what_a_handler_writes() -> None:
     (stream,) = counter.streams
     assert (stream.messages, stream.bytes, stream.open) == (2, 5, False)
     assert ctx.written == [b"abc", b"de"]
+
+
+# ------------------------------------------------------------------ the report's figures
+
+
+def test_a_p99_is_given_only_over_a_hundred_samples() -> None:
+    from harness.compare.analysis import MIN_P99_SAMPLES
+    from harness.compare.figures import p99_text
+
+    few = latency_summary(range(1_000_000, 100_000_000, 1_000_000))  # 99 samples
+    assert few["count"] == MIN_P99_SAMPLES - 1 and not few["p99_enough"]
+    assert p99_text(few) == "max of 99"
+    enough = latency_summary(range(1_000_000, 101_000_000, 1_000_000))  # 1..100 ms
+    assert enough["p99_enough"] and p99_text(enough) == "99.00"
+    assert p99_text(latency_summary([])) == "-"
+
+
+def test_the_markdown_says_max_of_n_where_samples_are_few() -> None:
+    from harness.compare.markdown import latency_cell
+
+    cell = latency_cell(latency_summary([2_000_000, 4_000_000, 9_000_000]))
+    assert cell == "4.00 / 9.00 / max of 3 / 9.00"
+
+
+def test_the_metadata_profile_is_read_from_the_xds_options() -> None:
+    from dataclasses import dataclass
+
+    from harness.compare.environment import metadata_profile, profile_of
+
+    @dataclass(frozen=True)
+    class WithProfile:
+        endpoint_metadata: str = "istio"
+
+    @dataclass(frozen=True)
+    class Without:
+        draining: bool = False
+
+    assert profile_of(WithProfile()) == "istio"
+    assert profile_of(WithProfile("none")) == "none"
+    assert profile_of(Without()) == profile_of(None) == "linkerd"
+    # Whatever this build's xDS layer says by default, it is one of the profiles.
+    assert metadata_profile(()) in ("none", "istio", "linkerd")
+
+
+def test_the_environment_block_names_commit_versions_cores_and_load() -> None:
+    from harness.compare import environment
+
+    env = environment.at_start(())
+    environment.at_end(env)
+    assert env["commit"] != "" and env["python"].startswith("3.")
+    assert env["grpcio"] not in ("", "absent") and env["cores"] >= 1
+    assert len(env["load_start"]) == len(env["load_end"]) == 3
+    assert env["xds_endpoint_metadata"]
+
+
+def test_models_agree_field_for_field_as_far_as_the_profile_carries_fields() -> None:
+    from harness.compare.verdicts import field_groups
+
+    models = ["linkerd", "sotw", "delta", "leds"]
+    assert field_groups(models, "linkerd") == [set(models)]
+    assert field_groups(models, "istio") == [{"linkerd"}, {"sotw", "delta", "leds"}]
+    assert field_groups(["sotw"], "none") == [{"sotw"}]
+
+
+def test_leds_is_one_more_model_and_isolating_keeps_one() -> None:
+    cs = parse_compare_scenario(BASE + "clients: {linkerd: 2, sotw: 1, delta: 0, leds: 3}\n")
+    assert [cs.clients.count(m) for m in ("linkerd", "sotw", "delta", "leds")] == [2, 1, 0, 3]
+    alone = cs.only("leds")
+    assert [alone.clients.count(m) for m in ("linkerd", "sotw", "delta", "leds")] == \
+        [0, 0, 0, 3]
+    assert alone.scenario == cs.scenario  # the same seeded churn
+    assert [s.targets for s in alone.client_specs()] == \
+        [s.targets for s in cs.client_specs() if s.model == "leds"]
+    # A scenario that predates LEDS has no LEDS clients.
+    assert parse_compare_scenario(BASE).clients.count("leds") == 0
+
+
+def test_chart_styles_differ_for_every_model() -> None:
+    from harness.compare.charts import style
+
+    order = ["linkerd", "sotw", "delta", "leds", "newcomer"]
+    styles = [style(m, order) for m in order]
+    assert len({(s["color"], s["linestyle"], s["marker"]) for s in styles}) == len(order)
+    assert all(s["alpha"] < 1 for s in styles)
