@@ -177,6 +177,7 @@ class Server:
     port: int | str
     proxy_protocol: str = ""
     kind: str = "Server"
+    access_policy: str = ""  # v1beta3: default authorizations added to the Server's own
 
     def selects(self, pod: Pod) -> bool:
         if self.pod_selector is None:
@@ -200,9 +201,12 @@ class Namespace:
     kind: str = "Namespace"
 
 
+# Linkerd's policy kinds are decoded in their own module, registered here.
+from bridge import policy_objects as _policy  # noqa: E402
+
 KubeObject = (
     Service | EndpointSlice | Pod | Node | ReplicaSet | Job | Server | ServiceProfile
-    | Namespace
+    | Namespace | _policy.PolicyObject
 )
 
 # Kinds we decode, and the ones we recognise but have no use for (logged at debug only).
@@ -549,7 +553,8 @@ def _decode_server(raw: Mapping[str, Any]) -> Server:
         selector = _str_map(_map(sel, "Server", n, "spec.podSelector").get("matchLabels"),
                             "Server", n, "spec.podSelector.matchLabels")
     return Server(meta, selector, port,
-                  _str(spec.get("proxyProtocol"), "Server", n, "spec.proxyProtocol"))
+                  _str(spec.get("proxyProtocol"), "Server", n, "spec.proxyProtocol"),
+                  access_policy=_str(spec.get("accessPolicy"), "Server", n, "spec.accessPolicy"))
 
 
 def _decode_profile(raw: Mapping[str, Any]) -> ServiceProfile:
@@ -570,6 +575,8 @@ _DECODERS: dict[str, Any] = {
     "ServiceProfile": _decode_profile,
     "Namespace": lambda raw: Namespace(_meta(raw, "Namespace", False)),
 }
+
+_DECODERS.update(_policy.DECODERS)
 
 SUPPORTED_KINDS = frozenset(_DECODERS)
 
@@ -618,4 +625,6 @@ def tombstone(kind: str, namespace: str, name: str) -> KubeObject | None:
         "Namespace": lambda: Namespace(Meta(name=name, namespace="")),
     }
     make = makers.get(kind)
+    if make is None and kind in _policy.TOMBSTONES:
+        return _policy.TOMBSTONES[kind](meta)
     return make() if make is not None else None
