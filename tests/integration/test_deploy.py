@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client, config, utils
 
 from bridge.cluster import Cluster
-from bridge.sources.kube import KINDS, KubeSource, watched_kinds
+from bridge.sources.kube import KINDS, POLICY_KINDS, KubeSource, watched_kinds
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
 
@@ -145,6 +145,6 @@ async def test_a_denied_kind_is_reported_and_the_others_keep_working(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     denied = {e["kind"] for e in logs if e.get("event", "").startswith("access denied")}
-    assert denied == {"ReplicaSet", "Job", "Server", "ServiceProfile"}
+    assert denied == {"ReplicaSet", "Job", "Server", "ServiceProfile", *POLICY_KINDS}
     assert cluster.services  # the kinds it may read were listed
     assert not source.stale
