@@ -75,13 +75,12 @@ async def test_routes_and_servers_written_through_the_api_are_served_and_followe
         core.create_namespaced_service(ns, {"metadata": {"name": name}, "spec": {
             "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
     ip = core.read_namespaced_service("web", ns).spec.cluster_ip
-    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-             "metadata": {"name": "split"},
-             "spec": {"parentRefs": [{"group": "core", "kind": "Service", "name": "web",
-                                      "port": 80}],
-                      "rules": [{"backendRefs": [{"name": "web", "port": 80, "weight": 1},
-                                                 {"name": "web-v2", "port": 80,
-                                                  "weight": 1}]}]}}
+    route: dict[str, Any] = {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "split"},
+        "spec": {"parentRefs": [{"group": "core", "kind": "Service", "name": "web", "port": 80}],
+                 "rules": [{"backendRefs": [{"name": "web", "port": 80, "weight": 1},
+                                            {"name": "web-v2", "port": 80, "weight": 1}]}]}}
     custom(api, ns, "gateway.networking.k8s.io", "v1", "httproutes", route)
     core.create_namespaced_pod(ns, {
         "metadata": {"name": "web-1", "labels": {"app": "web"}},
