@@ -243,3 +243,25 @@ async def test_an_unknown_workload_is_not_found_and_a_bad_one_invalid(
             raise AssertionError("expected INVALID_ARGUMENT")
         except grpc.aio.AioRpcError as e:
             assert e.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_service_edit_is_pushed_on_the_open_stream(
+    make_app: AppFactory, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir)
+    async with channel_to(app) as ch:
+        stream = watch_addr(ch, CATALOG_IP, 80)
+        assert (await stream.next()).protocol.WhichOneof("kind") == "detect"
+
+        def http_only(doc: dict[str, Any]) -> dict[str, Any]:
+            md = doc.get("metadata") or {}
+            if doc.get("kind") == "Service" and md.get("name") == "catalog":
+                doc["spec"]["ports"][0]["appProtocol"] = "http"
+            return doc
+
+        edit(demo_dir, http_only)
+        pushed = await stream.next()
+        assert pushed.protocol.WhichOneof("kind") == "http1"
+        (route,) = pushed.protocol.http1.routes
+        assert route.metadata.default == "http"
+        stream.cancel()
