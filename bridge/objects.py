@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 Labels = Mapping[str, str]
 
@@ -201,13 +201,17 @@ class Namespace:
     kind: str = "Namespace"
 
 
-# Linkerd's policy kinds are decoded in their own module, registered here.
+# Linkerd's policy kinds are decoded in their own module (its DECODERS and TOMBSTONES
+# are looked up when used: either module may be imported first).
 from bridge import policy_objects as _policy  # noqa: E402
 
-KubeObject = (
-    Service | EndpointSlice | Pod | Node | ReplicaSet | Job | Server | ServiceProfile
-    | Namespace | _policy.PolicyObject
-)
+if TYPE_CHECKING:
+    from bridge.policy_objects import PolicyObject
+
+KubeObject = Union[  # typing.Union: one member is a forward reference
+    Service, EndpointSlice, Pod, Node, ReplicaSet, Job, Server, ServiceProfile, Namespace,
+    "PolicyObject",
+]
 
 # Kinds we decode, and the ones we recognise but have no use for (logged at debug only).
 IGNORED_KINDS = frozenset(
@@ -576,9 +580,7 @@ _DECODERS: dict[str, Any] = {
     "Namespace": lambda raw: Namespace(_meta(raw, "Namespace", False)),
 }
 
-_DECODERS.update(_policy.DECODERS)
-
-SUPPORTED_KINDS = frozenset(_DECODERS)
+SUPPORTED_KINDS = frozenset(_DECODERS)  # and bridge.policy_objects.POLICY_KINDS
 
 
 def decode_object(raw: Any, kind: str | None = None) -> KubeObject | None:
@@ -592,7 +594,7 @@ def decode_object(raw: Any, kind: str | None = None) -> KubeObject | None:
     k = kind or raw.get("kind")
     if not isinstance(k, str) or not k:
         raise ObjectError("<unknown>", display_name(raw), "kind is missing")
-    decoder = _DECODERS.get(k)
+    decoder = _DECODERS.get(k) or _policy.DECODERS.get(k)
     if decoder is None:
         if k in IGNORED_KINDS:
             return None

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# Imported first, this module has bridge.objects import it back (partly initialised,
+# which is enough: bridge.objects reads this module's names only when it decodes).
 from bridge import objects as _o
 from bridge.objects import Labels, Meta, ObjectError
 
