@@ -121,6 +121,8 @@ class Container:
     name: str
     ports: tuple[ContainerPort, ...] = ()
     env: Labels = field(default_factory=dict)
+    # (port number or name, path) of each httpGet probe: the policy API authorizes them.
+    http_probes: tuple[tuple[int | str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,8 +510,13 @@ def _decode_containers(raw: Any, n: str, path: str) -> tuple[Container, ...]:
             e = _map(e, "Pod", n, "env")
             if isinstance(e.get("name"), str) and isinstance(e.get("value"), str):
                 env[e["name"]] = e["value"]
+        probes = []
+        for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+            get = _map(_map(c.get(kind), "Pod", n, kind).get("httpGet"), "Pod", n, kind)
+            if isinstance(get.get("port"), int | str) and not isinstance(get.get("port"), bool):
+                probes.append((get["port"], str(get.get("path") or "/").split("?")[0]))
         out.append(Container(_str(c.get("name"), "Pod", n, f"{path}[{i}].name"),
-                             tuple(ports), env))
+                             tuple(ports), env, tuple(probes)))
     return tuple(out)
 
 

@@ -27,6 +27,7 @@ from linkerd_api.policy.outbound import DETECT_TIMEOUT_S, Network, UnknownTarget
 from linkerd_api.policy.workload import Workload
 from linkerd_api.proto import grpc_route_pb2 as grpc_route
 from linkerd_api.proto import http_route_pb2 as http_route
+from linkerd_api.proto import http_types_pb2 as http_types
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import meta_pb2 as meta
 from linkerd_api.proto import net_pb2 as net
@@ -46,6 +47,8 @@ Unusable = Callable[[str, str, str], None]
 class InboundSettings:
     default_policy: str
     cluster_networks: tuple[Network, ...]
+    # Where kubelet probes come from (Linkerd's --probe-networks; Helm: everywhere).
+    probe_networks: tuple[Network, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +109,45 @@ def _authz(md: meta.Metadata, label_kind: str, group: str, name: str, client: _C
                     labels={"group": group, "kind": label_kind, "name": name})
 
 
-def _default_http_routes() -> list[ib.HttpRoute]:
-    return [ib.HttpRoute(
+def _default_http_routes(probe_paths: Iterable[str] = (),
+                         settings: InboundSettings | None = None) -> list[ib.HttpRoute]:
+    """The route that matches everything, and, for the pod's httpGet probe paths on
+    this port, the `probe` route that admits the probe networks without TLS (§12.7)."""
+    routes = [ib.HttpRoute(
         metadata=meta.Metadata(default="default"),
         rules=[ib.HttpRoute.Rule(
             matches=[http_route.HttpRouteMatch(path=http_route.PathMatch(prefix="/"))])])]
+    paths = sorted(set(probe_paths))
+    if paths and settings is not None and settings.probe_networks:
+        client = _Client(tuple(NetworkRule(str(n)) for n in settings.probe_networks),
+                         "unauthenticated")
+        routes.append(ib.HttpRoute(
+            metadata=meta.Metadata(default="probe"),
+            authorizations=[_authz(meta.Metadata(default="probe"), "default", "", "probe",
+                                   client, settings)],
+            rules=[ib.HttpRoute.Rule(matches=[
+                http_route.HttpRouteMatch(path=http_route.PathMatch(exact=p),
+                                          method=_GET) for p in paths])]))
+    return routes
+
+
+_GET = http_types.HttpMethod(registered=http_types.HttpMethod.GET)
+
+
+def probe_paths(pod: Pod, port: int) -> list[str]:
+    """The paths of the pod's httpGet probes on `port` (a named port resolved in its
+    container)."""
+    out = []
+    for c in pod.all_containers():
+        for target, path in c.http_probes:
+            if isinstance(target, str):
+                number = next((p.container_port for p in c.ports
+                               if p.name.lower() == target.lower()), None)
+            else:
+                number = target
+            if number == port:
+                out.append(path)
+    return out
 
 
 def _default_grpc_routes() -> list[ib.GrpcRoute]:
@@ -120,24 +157,24 @@ def _default_grpc_routes() -> list[ib.GrpcRoute]:
             rpc=grpc_route.GrpcRpcMatch())])])]
 
 
-def _detect() -> ib.ProxyProtocol:
+def _detect(routes: list[ib.HttpRoute]) -> ib.ProxyProtocol:
     return ib.ProxyProtocol(detect=ib.ProxyProtocol.Detect(
-        timeout=Duration(seconds=DETECT_TIMEOUT_S), http_routes=_default_http_routes()))
+        timeout=Duration(seconds=DETECT_TIMEOUT_S), http_routes=routes))
 
 
-def _protocol(proxy_protocol: str) -> ib.ProxyProtocol:
+def _protocol(proxy_protocol: str, routes: list[ib.HttpRoute]) -> ib.ProxyProtocol:
     match proxy_protocol:
         case "HTTP/1":
-            return ib.ProxyProtocol(http1=ib.ProxyProtocol.Http1(routes=_default_http_routes()))
+            return ib.ProxyProtocol(http1=ib.ProxyProtocol.Http1(routes=routes))
         case "HTTP/2":
-            return ib.ProxyProtocol(http2=ib.ProxyProtocol.Http2(routes=_default_http_routes()))
+            return ib.ProxyProtocol(http2=ib.ProxyProtocol.Http2(routes=routes))
         case "gRPC":
             return ib.ProxyProtocol(grpc=ib.ProxyProtocol.Grpc(routes=_default_grpc_routes()))
         case "opaque":
             return ib.ProxyProtocol(opaque=ib.ProxyProtocol.Opaque())
         case "TLS":
             return ib.ProxyProtocol(tls=ib.ProxyProtocol.Tls())
-    return _detect()  # "unknown" or unset
+    return _detect(routes)  # "unknown" or unset
 
 
 def _ports(pod: Pod, annotation: str, default: frozenset[int]) -> frozenset[int]:
@@ -194,8 +231,9 @@ def server_policy(cluster: Cluster, config: MeshConfig, settings: InboundSetting
     server = find_server(cluster, pod, port)
     if server is None:
         return _default_server(cluster, config, settings, pod, port)
+    routes = _default_http_routes(probe_paths(pod, port), settings)
     return ib.Server(
-        protocol=_protocol(server.proxy_protocol),
+        protocol=_protocol(server.proxy_protocol, routes),
         authorizations=_server_authorizations(cluster, config, settings, server, unusable),
         labels={"group": LINKERD_POLICY_GROUP, "kind": "server", "name": server.meta.name})
 
@@ -204,7 +242,8 @@ def _default_server(cluster: Cluster, config: MeshConfig, settings: InboundSetti
                     pod: Pod, port: int) -> ib.Server:
     name = default_policy_name(cluster, pod, settings)
     opaque = port in _ports(pod, OPAQUE_PORTS_ANNOTATION, config.default_opaque_ports)
-    protocol = ib.ProxyProtocol(opaque=ib.ProxyProtocol.Opaque()) if opaque else _detect()
+    protocol = ib.ProxyProtocol(opaque=ib.ProxyProtocol.Opaque()) if opaque else _detect(
+        _default_http_routes(probe_paths(pod, port), settings))
     require_id = port in _ports(pod, REQUIRE_ID_ANNOTATION, frozenset())
     return ib.Server(protocol=protocol,
                      authorizations=_default_authorizations(name, require_id, settings),

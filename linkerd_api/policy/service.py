@@ -36,6 +36,8 @@ from meshbridge.host import Host
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
+DEFAULT_PROBE_NETWORKS = ("0.0.0.0/0", "::/0")  # Linkerd's Helm value
+
 OUTBOUND_SERVICE = "io.linkerd.proxy.outbound.OutboundPolicies"
 INBOUND_SERVICE = "io.linkerd.proxy.inbound.InboundServerPolicies"
 
@@ -46,21 +48,26 @@ class BadPolicyRequest(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PolicyOptions:
-    """`--default-inbound-policy` and `--cluster-networks`, named after Linkerd's flags."""
+    """`--default-inbound-policy`, `--cluster-networks` and `--probe-networks`, named
+    after Linkerd's flags (the probe networks default to Helm's value)."""
 
     default_inbound_policy: str = "all-unauthenticated"
     cluster_networks: tuple[str, ...] = DEFAULT_CLUSTER_NETWORKS
+    probe_networks: tuple[str, ...] = DEFAULT_PROBE_NETWORKS
     networks: tuple[Network, ...] = field(init=False, default=(), compare=False)
+    probes: tuple[Network, ...] = field(init=False, default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.default_inbound_policy not in inbound.DEFAULT_POLICIES:
             raise ValueError(f"default inbound policy {self.default_inbound_policy!r}: "
                              f"expected one of {', '.join(inbound.DEFAULT_POLICIES)}")
-        try:
-            nets = tuple(ipaddress.ip_network(n, strict=False) for n in self.cluster_networks)
-        except ValueError as e:
-            raise ValueError(f"cluster networks: {e}") from None
-        object.__setattr__(self, "networks", nets)
+        for attr, given in (("networks", self.cluster_networks),
+                            ("probes", self.probe_networks)):
+            try:
+                nets = tuple(ipaddress.ip_network(n, strict=False) for n in given)
+            except ValueError as e:
+                raise ValueError(f"{attr}: {e}") from None
+            object.__setattr__(self, attr, nets)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated CIDRs of the cluster's pods and services: an address in them "
              "that is no Service gets NOT_FOUND from OutboundPolicies, any other the "
              "egress fallback (default: %(default)s)")
+    group.add_argument(
+        "--probe-networks", type=_networks_or_none, default=DEFAULT_PROBE_NETWORKS,
+        help="comma-separated CIDRs kubelet probes come from: a pod's httpGet probe paths "
+             "are authorized from them on every port without a route of its own "
+             "(default: %(default)s, as Linkerd's Helm chart; 'none' for no probe route)")
 
 
 def _networks(text: str) -> tuple[str, ...]:
@@ -90,8 +102,13 @@ def _networks(text: str) -> tuple[str, ...]:
     return items
 
 
+def _networks_or_none(text: str) -> tuple[str, ...]:
+    return () if text.strip() == "none" else _networks(text)
+
+
 def options_from_args(args: argparse.Namespace) -> PolicyOptions:
-    return PolicyOptions(args.default_inbound_policy, tuple(args.cluster_networks))
+    return PolicyOptions(args.default_inbound_policy, tuple(args.cluster_networks),
+                         tuple(args.probe_networks))
 
 
 def register(host: Host, server: grpc.aio.Server) -> None:
@@ -145,7 +162,7 @@ class PolicyService:
         self.config = host.config
         self.options = options
         self.settings = inbound.InboundSettings(options.default_inbound_policy,
-                                                options.networks)
+                                                options.networks, options.probes)
         self.streams: set[PolicyStream] = set()
         self.stopping = False
         self.noted: set[tuple[str, ...]] = set()  # problems already logged once

@@ -265,3 +265,20 @@ async def test_a_service_edit_is_pushed_on_the_open_stream(
         (route,) = pushed.protocol.http1.routes
         assert route.metadata.default == "http"
         stream.cancel()
+
+
+async def test_the_admin_port_authorizes_the_proxys_readiness_probe(
+    make_app: AppFactory, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir)
+    async with channel_to(app) as ch:
+        stream = watch_port(ch, '{"ns":"emojivoto","pod":"web-5d8f7b9c6-4xk2p"}', 4191)
+        server = await stream.next()
+        default, probe = server.protocol.detect.http_routes
+        assert default.metadata.default == "default"
+        assert probe.metadata.default == "probe"
+        assert [m.path.exact for m in probe.rules[0].matches] == ["/ready"]
+        (authz,) = probe.authorizations
+        assert authz.authentication.WhichOneof("permit") == "unauthenticated"
+        assert sorted(n.net.prefix_len for n in authz.networks) == [0, 0]
+        stream.cancel()

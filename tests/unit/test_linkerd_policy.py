@@ -421,3 +421,30 @@ def test_either_object_module_may_be_imported_first(first: str) -> None:
             "assert r is not None and r.kind == 'GRPCRoute'\n")
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=Path(__file__).resolve().parents[2])
+
+
+def test_the_pods_http_probes_get_a_probe_route_from_the_probe_networks() -> None:
+    raw = cart()
+    app = raw["spec"]["containers"][0]
+    app["readinessProbe"] = {"httpGet": {"port": "http", "path": "/ready?full=1"}}
+    app["livenessProbe"] = {"httpGet": {"port": 8080, "path": "/live"}}
+    app["startupProbe"] = {"httpGet": {"port": 9999, "path": "/elsewhere"}}
+    c = Cluster()
+    load(c, raw)
+    settings = inbound.InboundSettings("deny", NETS, (ipaddress.ip_network("0.0.0.0/0"),))
+    default, probe = server_policy(c, settings=settings).protocol.detect.http_routes
+    assert default.metadata.default == "default" and not default.authorizations
+    assert probe.metadata.default == "probe"
+    (rule,) = probe.rules
+    assert [(m.path.exact, m.method.registered) for m in rule.matches] == [
+        ("/live", 0), ("/ready", 0)]  # GET
+    (authz,) = probe.authorizations
+    assert authz.metadata.default == "probe"
+    assert dict(authz.labels) == {"group": "", "kind": "default", "name": "probe"}
+    assert authz.authentication.WhichOneof("permit") == "unauthenticated"
+    assert [n.net.prefix_len for n in authz.networks] == [0]
+    # A Server without routes of its own keeps the probe route; no probe networks, none.
+    load(c, server("cart-http", proto="HTTP/1"))
+    routes = server_policy(c, settings=settings).protocol.http1.routes
+    assert [r.metadata.default for r in routes] == ["default", "probe"]
+    assert len(server_policy(c).protocol.http1.routes) == 1
