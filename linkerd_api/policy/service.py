@@ -197,8 +197,12 @@ class PolicyService:
 
     def _on_change(self, change: ClusterChange) -> None:
         for stream in list(self.streams):
-            if stream.wants(change):
+            if not stream.wants(change):
+                continue
+            try:
                 stream.refresh()
+            except Exception:  # a bug here must not stop the source applying changes
+                log.exception("policy recomputation failed; the stream keeps its last policy")
 
     # ------------------------------------------------------------------ outbound
 
