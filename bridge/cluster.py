@@ -54,10 +54,12 @@ class ClusterChange:
     profiles: set[tuple[str, str]] = field(default_factory=set)
     namespaces: set[str] = field(default_factory=set)  # every service in these changed
     all_services: bool = False
+    kinds: set[str] = field(default_factory=set)  # other kinds (policy objects) that changed
 
     def __bool__(self) -> bool:
         return bool(
             self.services or self.pods or self.profiles or self.namespaces or self.all_services
+            or self.kinds
         )
 
     def touches(self, service: ServiceKey) -> bool:
@@ -112,6 +114,8 @@ class Cluster:
         self.servers: defaultdict[str, dict[str, Server]] = defaultdict(dict)
         self.profiles: dict[tuple[str, str], ServiceProfile] = {}
         self.namespaces: dict[str, Namespace] = {}
+        # Kinds the core does not index (Linkerd's policy objects): by kind, then (ns, name).
+        self.others: defaultdict[str, dict[PodKey, KubeObject]] = defaultdict(dict)
         self._listeners: list[tuple[ListenerStage, Listener]] = []
         self.generation = 0  # bumped on every batch that changed something
 
@@ -173,7 +177,7 @@ class Cluster:
             "ServiceProfile": self.profiles.values(),
             "Namespace": self.namespaces.values(),
         }
-        return list(stores.get(kind, ()))
+        return list(stores.get(kind, self.others.get(kind, {}).values()))
 
     # ------------------------------------------------------------------ writing
 
@@ -277,6 +281,11 @@ class Cluster:
                 change.profiles.add(prkey)
             case Namespace():
                 self.namespaces[obj.meta.name] = obj
+            case _:
+                okey = (obj.meta.namespace, obj.meta.name)
+                if self.others[obj.kind].get(okey) != obj:
+                    self.others[obj.kind][okey] = obj
+                    change.kinds.add(obj.kind)
 
     def _delete(self, obj: KubeObject, change: ClusterChange) -> None:
         ns, name = obj.meta.namespace, obj.meta.name
@@ -319,6 +328,9 @@ class Cluster:
                     change.profiles.add((ns, name))
             case Namespace():
                 self.namespaces.pop(name, None)
+            case _:
+                if self.others[obj.kind].pop((ns, name), None) is not None:
+                    change.kinds.add(obj.kind)
 
     def _unindex_slice(self, skey: SliceKey, old: EndpointSlice, change: ClusterChange) -> None:
         svc = ServiceKey(old.meta.namespace, old.service_name)

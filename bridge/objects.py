@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 Labels = Mapping[str, str]
 
@@ -121,6 +121,8 @@ class Container:
     name: str
     ports: tuple[ContainerPort, ...] = ()
     env: Labels = field(default_factory=dict)
+    # (port number or name, path) of each httpGet probe: the policy API authorizes them.
+    http_probes: tuple[tuple[int | str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +179,7 @@ class Server:
     port: int | str
     proxy_protocol: str = ""
     kind: str = "Server"
+    access_policy: str = ""  # v1beta3: default authorizations added to the Server's own
 
     def selects(self, pod: Pod) -> bool:
         if self.pod_selector is None:
@@ -200,10 +203,17 @@ class Namespace:
     kind: str = "Namespace"
 
 
-KubeObject = (
-    Service | EndpointSlice | Pod | Node | ReplicaSet | Job | Server | ServiceProfile
-    | Namespace
-)
+# Linkerd's policy kinds are decoded in their own module (its DECODERS and TOMBSTONES
+# are looked up when used: either module may be imported first).
+from bridge import policy_objects as _policy  # noqa: E402
+
+if TYPE_CHECKING:
+    from bridge.policy_objects import PolicyObject
+
+KubeObject = Union[  # typing.Union: one member is a forward reference
+    Service, EndpointSlice, Pod, Node, ReplicaSet, Job, Server, ServiceProfile, Namespace,
+    "PolicyObject",
+]
 
 # Kinds we decode, and the ones we recognise but have no use for (logged at debug only).
 IGNORED_KINDS = frozenset(
@@ -500,8 +510,13 @@ def _decode_containers(raw: Any, n: str, path: str) -> tuple[Container, ...]:
             e = _map(e, "Pod", n, "env")
             if isinstance(e.get("name"), str) and isinstance(e.get("value"), str):
                 env[e["name"]] = e["value"]
+        probes = []
+        for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+            get = _map(_map(c.get(kind), "Pod", n, kind).get("httpGet"), "Pod", n, kind)
+            if isinstance(get.get("port"), int | str) and not isinstance(get.get("port"), bool):
+                probes.append((get["port"], str(get.get("path") or "/").split("?")[0]))
         out.append(Container(_str(c.get("name"), "Pod", n, f"{path}[{i}].name"),
-                             tuple(ports), env))
+                             tuple(ports), env, tuple(probes)))
     return tuple(out)
 
 
@@ -549,7 +564,8 @@ def _decode_server(raw: Mapping[str, Any]) -> Server:
         selector = _str_map(_map(sel, "Server", n, "spec.podSelector").get("matchLabels"),
                             "Server", n, "spec.podSelector.matchLabels")
     return Server(meta, selector, port,
-                  _str(spec.get("proxyProtocol"), "Server", n, "spec.proxyProtocol"))
+                  _str(spec.get("proxyProtocol"), "Server", n, "spec.proxyProtocol"),
+                  access_policy=_str(spec.get("accessPolicy"), "Server", n, "spec.accessPolicy"))
 
 
 def _decode_profile(raw: Mapping[str, Any]) -> ServiceProfile:
@@ -571,7 +587,7 @@ _DECODERS: dict[str, Any] = {
     "Namespace": lambda raw: Namespace(_meta(raw, "Namespace", False)),
 }
 
-SUPPORTED_KINDS = frozenset(_DECODERS)
+SUPPORTED_KINDS = frozenset(_DECODERS)  # and bridge.policy_objects.POLICY_KINDS
 
 
 def decode_object(raw: Any, kind: str | None = None) -> KubeObject | None:
@@ -585,7 +601,7 @@ def decode_object(raw: Any, kind: str | None = None) -> KubeObject | None:
     k = kind or raw.get("kind")
     if not isinstance(k, str) or not k:
         raise ObjectError("<unknown>", display_name(raw), "kind is missing")
-    decoder = _DECODERS.get(k)
+    decoder = _DECODERS.get(k) or _policy.DECODERS.get(k)
     if decoder is None:
         if k in IGNORED_KINDS:
             return None
@@ -618,4 +634,6 @@ def tombstone(kind: str, namespace: str, name: str) -> KubeObject | None:
         "Namespace": lambda: Namespace(Meta(name=name, namespace="")),
     }
     make = makers.get(kind)
+    if make is None and kind in _policy.TOMBSTONES:
+        return _policy.TOMBSTONES[kind](meta)
     return make() if make is not None else None

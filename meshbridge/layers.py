@@ -17,7 +17,8 @@ from typing import Any
 
 # Protocol layers, in the order `serve` mounts them on the shared gRPC port.
 PROTOCOL_LAYERS: tuple[str, ...] = (
-    "linkerd_api.service", "linkerd_api.identity", "xds_api.service")
+    "linkerd_api.service", "linkerd_api.identity", "linkerd_api.policy.service",
+    "xds_api.service")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Regenerate the Python bindings for the Linkerd destination API protos.
+"""Regenerate the Python bindings for the Linkerd proxy API protos.
 
 Usage:
     python scripts/gen_protos.py          # rewrite linkerd_api/proto/*_pb2*.py[i]
@@ -29,10 +29,13 @@ PROTO_DIR = REPO_ROOT / "linkerd_api" / "proto"
 PACKAGE = "linkerd_api.proto"
 
 # Every .proto we compile, in a fixed order.
-PROTOS: tuple[str, ...] = ("destination.proto", "http_types.proto", "identity.proto",
-                           "meta.proto", "net.proto")
+PROTOS: tuple[str, ...] = ("destination.proto", "grpc_route.proto", "http_route.proto",
+                           "http_types.proto", "identity.proto", "inbound.proto",
+                           "meta.proto", "net.proto", "opaque_route.proto", "outbound.proto",
+                           "tls_route.proto")
 # Only these define services, so only these get a *_pb2_grpc.py.
-GRPC_PROTOS: tuple[str, ...] = ("destination.proto", "identity.proto")
+GRPC_PROTOS: tuple[str, ...] = ("destination.proto", "identity.proto", "inbound.proto",
+                                "outbound.proto")
 
 GENERATED_SUFFIXES: tuple[str, ...] = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 

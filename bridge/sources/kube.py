@@ -70,14 +70,30 @@ KINDS = {
                        "server", optional=True),
     "ServiceProfile": KindSpec("ServiceProfile", "/apis/linkerd.io/v1alpha2/serviceprofiles",
                                "serviceprofiles", "serviceprofile", optional=True),
+    **{k: KindSpec(k, path, metric, metric, optional=True) for k, path, metric in (
+        ("HTTPRoute", "/apis/policy.linkerd.io/v1beta3/httproutes", "httproute"),
+        ("GatewayHTTPRoute", "/apis/gateway.networking.k8s.io/v1/httproutes",
+         "gateway_httproute"),
+        ("GRPCRoute", "/apis/gateway.networking.k8s.io/v1/grpcroutes", "grpcroute"),
+        ("AuthorizationPolicy", "/apis/policy.linkerd.io/v1alpha1/authorizationpolicies",
+         "authorizationpolicy"),
+        ("ServerAuthorization", "/apis/policy.linkerd.io/v1beta1/serverauthorizations",
+         "serverauthorization"),
+        ("MeshTLSAuthentication", "/apis/policy.linkerd.io/v1alpha1/meshtlsauthentications",
+         "meshtlsauthentication"),
+        ("NetworkAuthentication", "/apis/policy.linkerd.io/v1alpha1/networkauthentications",
+         "networkauthentication"),
+    )},
 }
+POLICY_KINDS = ("HTTPRoute", "GatewayHTTPRoute", "GRPCRoute", "AuthorizationPolicy",
+                "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication")
 
 
 def watched_kinds(endpoints_api: str) -> list[KindSpec]:
     """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this."""
     endpoints = "Endpoints" if endpoints_api == "endpoints" else "EndpointSlice"
     order = ["Node", "ReplicaSet", "Job", "Pod", "Server", "Service", endpoints,
-             "ServiceProfile"]
+             "ServiceProfile", *POLICY_KINDS]
     return [KINDS[k] for k in order]
 
 

@@ -1,0 +1,368 @@
+"""The Linkerd policy services on the shared gRPC port: OutboundPolicies (Get, Watch)
+and InboundServerPolicies (GetPort, WatchPort), wire-compatible with
+linkerd2-proxy-api v0.20 (§12).
+
+A Watch stream holds the policy it last sent; every Cluster batch that may change
+it recomputes it, and a policy whose bytes differ is sent on the same stream. Only
+the newest policy matters to a proxy, so a stream keeps one pending message, never a
+queue: a slow reader cannot make the process hold more than one policy per stream.
+
+The layer is given a `meshbridge.host.Host`; it keeps its service there as "policy".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+import prometheus_client
+import structlog
+from google.protobuf.message import DecodeError, Message
+
+from bridge.cluster import ClusterChange, ListenerStage
+from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS, BackendRef, Route
+from linkerd_api.policy import inbound, outbound
+from linkerd_api.policy.outbound import DEFAULT_CLUSTER_NETWORKS, Network, UnknownTarget
+from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
+from linkerd_api.proto import inbound_pb2 as ib
+from linkerd_api.proto import outbound_pb2 as ob
+from meshbridge.host import Host
+
+log = structlog.get_logger("meshbridge.linkerd.policy")
+
+DEFAULT_PROBE_NETWORKS = ("0.0.0.0/0", "::/0")  # Linkerd's Helm value
+
+OUTBOUND_SERVICE = "io.linkerd.proxy.outbound.OutboundPolicies"
+INBOUND_SERVICE = "io.linkerd.proxy.inbound.InboundServerPolicies"
+
+
+class BadPolicyRequest(ValueError):
+    """INVALID_ARGUMENT, with this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyOptions:
+    """`--default-inbound-policy`, `--cluster-networks` and `--probe-networks`, named
+    after Linkerd's flags (the probe networks default to Helm's value)."""
+
+    default_inbound_policy: str = "all-unauthenticated"
+    cluster_networks: tuple[str, ...] = DEFAULT_CLUSTER_NETWORKS
+    probe_networks: tuple[str, ...] = DEFAULT_PROBE_NETWORKS
+    networks: tuple[Network, ...] = field(init=False, default=(), compare=False)
+    probes: tuple[Network, ...] = field(init=False, default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if self.default_inbound_policy not in inbound.DEFAULT_POLICIES:
+            raise ValueError(f"default inbound policy {self.default_inbound_policy!r}: "
+                             f"expected one of {', '.join(inbound.DEFAULT_POLICIES)}")
+        for attr, given in (("networks", self.cluster_networks),
+                            ("probes", self.probe_networks)):
+            try:
+                nets = tuple(ipaddress.ip_network(n, strict=False) for n in given)
+            except ValueError as e:
+                raise ValueError(f"{attr}: {e}") from None
+            object.__setattr__(self, attr, nets)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Linkerd policy API")
+    group.add_argument(
+        "--default-inbound-policy", choices=inbound.DEFAULT_POLICIES,
+        default="all-unauthenticated",
+        help="who may connect to a workload port no Server selects (Linkerd's "
+             "--default-policy); the config.linkerd.io/default-inbound-policy annotation "
+             "of a pod or its namespace overrides it")
+    group.add_argument(
+        "--cluster-networks", type=_networks, default=DEFAULT_CLUSTER_NETWORKS,
+        help="comma-separated CIDRs of the cluster's pods and services: an address in them "
+             "that is no Service gets NOT_FOUND from OutboundPolicies, any other the "
+             "egress fallback (default: %(default)s)")
+    group.add_argument(
+        "--probe-networks", type=_networks_or_none, default=DEFAULT_PROBE_NETWORKS,
+        help="comma-separated CIDRs kubelet probes come from: a pod's httpGet probe paths "
+             "are authorized from them on every port without a route of its own "
+             "(default: %(default)s, as Linkerd's Helm chart; 'none' for no probe route)")
+
+
+def _networks(text: str) -> tuple[str, ...]:
+    items = tuple(t.strip() for t in text.split(",") if t.strip())
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a CIDR") from None
+    if not items:
+        raise argparse.ArgumentTypeError("no networks given")
+    return items
+
+
+def _networks_or_none(text: str) -> tuple[str, ...]:
+    return () if text.strip() == "none" else _networks(text)
+
+
+def options_from_args(args: argparse.Namespace) -> PolicyOptions:
+    return PolicyOptions(args.default_inbound_policy, tuple(args.cluster_networks),
+                         tuple(args.probe_networks))
+
+
+def register(host: Host, server: grpc.aio.Server) -> None:
+    service = PolicyService(host, host.options_for(PolicyOptions))
+    server.add_generic_rpc_handlers(service.handlers())
+    host.on_stop(service.stop)
+    host.keep("policy", service)
+
+
+class PolicyStream:
+    """One Watch/WatchPort stream: how to compute its policy, and the newest one not
+    yet written."""
+
+    __slots__ = ("compute", "ended", "last", "pending", "wake", "wants")
+
+    def __init__(self, compute: Callable[[], bytes],
+                 wants: Callable[[ClusterChange], bool]) -> None:
+        self.compute = compute
+        self.wants = wants
+        self.last: bytes | None = None
+        self.pending: bytes | None = None
+        self.ended = False
+        self.wake = asyncio.Event()
+
+    def refresh(self) -> None:
+        try:
+            message = self.compute()
+        except UnknownTarget:
+            return  # the target went away: keep the last policy, as Linkerd's index does
+        if message != self.last:
+            self.last = self.pending = message
+            self.wake.set()
+
+    def end(self) -> None:
+        self.ended = True
+        self.wake.set()
+
+    async def next(self) -> bytes | None:
+        while self.pending is None and not self.ended:
+            self.wake.clear()
+            await self.wake.wait()
+        if self.ended:
+            return None
+        message, self.pending = self.pending, None
+        return message
+
+
+class PolicyService:
+    def __init__(self, host: Host, options: PolicyOptions) -> None:
+        self.cluster = host.cluster
+        self.config = host.config
+        self.options = options
+        self.settings = inbound.InboundSettings(options.default_inbound_policy,
+                                                options.networks, options.probes)
+        self.streams: set[PolicyStream] = set()
+        self.stopping = False
+        self.noted: set[tuple[str, ...]] = set()  # problems already logged once
+        self.open_streams = prometheus_client.Gauge(
+            "policy_streams", "Open Linkerd policy API streams", ["method"],
+            registry=host.metrics)
+        self.refused = prometheus_client.Counter(
+            "policy_requests_refused", "Linkerd policy API requests refused, by status",
+            ["method", "code"], registry=host.metrics)
+        host.cluster.add_listener(self._on_change, ListenerStage.RESOURCES)
+
+    def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
+        # Bytes in and out, as the destination service: an undecodable request gets a
+        # precise status, and a policy is encoded once per change.
+        return (
+            grpc.method_handlers_generic_handler(OUTBOUND_SERVICE, {
+                "Get": grpc.unary_unary_rpc_method_handler(self.get),
+                "Watch": grpc.unary_stream_rpc_method_handler(self.watch),
+            }),
+            grpc.method_handlers_generic_handler(INBOUND_SERVICE, {
+                "GetPort": grpc.unary_unary_rpc_method_handler(self.get_port),
+                "WatchPort": grpc.unary_stream_rpc_method_handler(self.watch_port),
+            }),
+        )
+
+    def stop(self) -> None:
+        self.stopping = True
+        for stream in list(self.streams):
+            stream.end()
+        with contextlib.suppress(ValueError):  # stopped twice
+            self.cluster.remove_listener(self._on_change)
+
+    def _on_change(self, change: ClusterChange) -> None:
+        for stream in list(self.streams):
+            if not stream.wants(change):
+                continue
+            try:
+                stream.refresh()
+            except Exception:  # a bug here must not stop the source applying changes
+                log.exception("policy recomputation failed; the stream keeps its last policy")
+
+    # ------------------------------------------------------------------ outbound
+
+    def _outbound(self, raw: bytes) -> tuple[Callable[[], bytes], Callable[[ClusterChange], bool]]:
+        """How to compute the policy a TrafficSpec asks for, and which changes may
+        change it. Raises BadPolicyRequest or UnknownTarget."""
+        spec = _decode(ob.TrafficSpec, raw, "TrafficSpec")
+        target_kind = spec.WhichOneof("target")
+        if target_kind is None:
+            raise BadPolicyRequest("target is required")
+        source = _workload(spec.source_workload)
+        target: outbound.ServiceTarget | outbound.EgressTarget
+        if target_kind == "authority":
+            try:
+                target = outbound.lookup_authority(self.cluster, spec.authority,
+                                                   self.config.cluster_domain)
+            except UnknownTarget:
+                raise
+            except ValueError as e:
+                raise BadPolicyRequest(str(e)) from None
+        else:
+            addr = spec.addr
+            if not 1 <= addr.port <= 65535:
+                raise BadPolicyRequest("port outside valid range" if addr.port
+                                       else "port cannot be zero")
+            try:
+                ip = outbound.address_of(addr)
+            except ValueError as e:
+                raise BadPolicyRequest(f"failed to parse target addr: {e}") from None
+            target = outbound.lookup_addr(self.cluster, ip, addr.port, self.options.networks)
+        if isinstance(target, outbound.EgressTarget):
+            message = outbound.egress_fallback(target.ip, target.port).SerializeToString()
+            return (lambda: message), (lambda change: False)
+        service_target = target
+
+        def compute() -> bytes:
+            return outbound.service_policy(self.cluster, self.config, service_target,
+                                           source.namespace, self._missing_backend,
+                                           ).SerializeToString()
+
+        def wants(change: ClusterChange) -> bool:
+            # Any Service: a route's backend may be another Service appearing or going.
+            return bool(change.all_services or change.kinds & ROUTE_KINDS
+                        or change.services or change.namespaces)
+
+        compute()  # a Service that vanished between lookup and now is still served
+        return compute, wants
+
+    def _missing_backend(self, route: Route, ref: BackendRef) -> None:
+        key = ("missing-backend", route.kind, route.meta.namespace, route.meta.name,
+               ref.namespace, ref.name, str(ref.port))
+        if key in self.noted:
+            return
+        self.noted.add(key)
+        log.warning("route backend names no Service; its requests fail with a 500 filter",
+                    route=f"{route.route_kind} {route.meta.namespace}/{route.meta.name}",
+                    group=route.group, backend=f"{ref.namespace}/{ref.name}:{ref.port}")
+
+    async def get(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        try:
+            compute, _ = self._outbound(raw)
+            return compute()
+        except (BadPolicyRequest, UnknownTarget) as e:
+            await self._refuse(context, "Get", e)
+            raise AssertionError("unreachable") from None
+
+    async def watch(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        try:
+            compute, wants = self._outbound(raw)
+        except (BadPolicyRequest, UnknownTarget) as e:
+            await self._refuse(context, "Watch", e)
+            return
+        await self._pump("Watch", PolicyStream(compute, wants), context)
+
+    # ------------------------------------------------------------------ inbound
+
+    def _inbound(self, raw: bytes) -> tuple[Callable[[], bytes], Callable[[ClusterChange], bool]]:
+        spec = _decode(ib.PortSpec, raw, "PortSpec")
+        workload = _workload(spec.workload)
+        if not 1 <= spec.port <= 65535:
+            raise BadPolicyRequest(f"Invalid port: {spec.port}")
+        port = spec.port
+
+        def compute() -> bytes:
+            return inbound.server_policy(self.cluster, self.config, self.settings, workload,
+                                         port, self._unusable).SerializeToString()
+
+        def wants(change: ClusterChange) -> bool:
+            return bool(change.all_services or change.kinds & AUTH_KINDS
+                        or (workload.namespace, workload.name) in change.pods
+                        or workload.namespace in change.namespaces)
+
+        compute()  # raises UnknownTarget for a workload we do not know
+        return compute, wants
+
+    def _unusable(self, kind: str, name: str, why: str) -> None:
+        key = ("unusable", kind, name, why)
+        if key not in self.noted:
+            self.noted.add(key)
+            log.warning("authorization left out", kind=kind, object=name, reason=why)
+
+    async def get_port(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        try:
+            compute, _ = self._inbound(raw)
+            return compute()
+        except (BadPolicyRequest, UnknownTarget) as e:
+            await self._refuse(context, "GetPort", e)
+            raise AssertionError("unreachable") from None
+
+    async def watch_port(self, raw: bytes,
+                         context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        try:
+            compute, wants = self._inbound(raw)
+        except (BadPolicyRequest, UnknownTarget) as e:
+            await self._refuse(context, "WatchPort", e)
+            return
+        await self._pump("WatchPort", PolicyStream(compute, wants), context)
+
+    # ------------------------------------------------------------------ shared
+
+    async def _pump(self, method: str, stream: PolicyStream,
+                    context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if self.stopping:
+            return
+        stream.refresh()
+        self.streams.add(stream)
+        gauge = self.open_streams.labels(method)
+        gauge.inc()
+        try:
+            while (message := await stream.next()) is not None:
+                await context.write(message)
+        finally:
+            gauge.dec()
+            self.streams.discard(stream)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], method: str,
+                      error: Exception) -> None:
+        code = (grpc.StatusCode.NOT_FOUND if isinstance(error, UnknownTarget)
+                else grpc.StatusCode.INVALID_ARGUMENT)
+        self.refused.labels(method, code.name).inc()
+        if code is grpc.StatusCode.INVALID_ARGUMENT:
+            # A proxy retries NOT_FOUND for as long as it wants the target; only a
+            # malformed request is worth a line (it is a bug in the client).
+            log.warning("policy request refused", method=method, peer=context.peer(),
+                        code=code.name, reason=str(error))
+        await context.abort(code, str(error))
+
+
+M = TypeVar("M", bound=Message)
+
+
+def _decode(kind: type[M], raw: bytes, name: str) -> M:
+    try:
+        return kind.FromString(raw)
+    except DecodeError:
+        raise BadPolicyRequest(f"request is not a {name} message") from None
+
+
+def _workload(text: str) -> Workload:
+    try:
+        return parse_workload(text)
+    except BadWorkload as e:
+        raise BadPolicyRequest(str(e)) from None
