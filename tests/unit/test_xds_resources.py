@@ -128,9 +128,9 @@ def test_an_unchanged_endpoint_is_not_encoded_again(monkeypatch: pytest.MonkeyPa
     calls = []
     real = resources.encode_lb_endpoint
 
-    def counting(r: ResolvedEndpoint, health: int) -> bytes:
+    def counting(r: ResolvedEndpoint, health: int, *args: Any) -> bytes:
         calls.append(r.endpoint.ip)
-        return real(r, health)
+        return real(r, health, *args)
 
     monkeypatch.setattr(resources, "encode_lb_endpoint", counting)
     eps[7] = resolved("10.0.0.8", "p8", zone="zone-b")
