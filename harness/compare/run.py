@@ -40,6 +40,9 @@ from meshbridge import gctune
 from meshbridge.app import App, ProtocolLayer, ServeOptions
 from meshbridge.layers import PROTOCOL_LAYERS, load_optional
 from meshbridge.limits import LOOPBACK_CROWD, Limits
+from xds_api.service import XdsOptions
+
+LINKERD_METADATA = XdsOptions(endpoint_metadata="linkerd")
 
 log = structlog.get_logger("meshbridge.compare")
 
@@ -286,8 +289,10 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
                     max_streams_per_connection=max(Limits().max_streams_per_connection,
                                                    2 * len(cs.all_targets()) + 100),
                     h2=LOOPBACK_CROWD)
-    app = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits),
-              layers)
+    # Clients are compared field for field, Linkerd's fields included: over xDS those
+    # travel in the linkerd endpoint metadata profile.
+    app = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits,
+                                                 layer_options=(LINKERD_METADATA,)), layers)
     worker: WorkerProcess | None = None
     try:
         progress.phase("starting meshbridge")
