@@ -5,6 +5,7 @@ response. Also the delta EDS deletion rule (§2.1) it shares its truth with."""
 from __future__ import annotations
 
 import pytest
+import structlog
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -163,12 +164,18 @@ def test_the_threshold_decides_for_clients_that_do_not_say() -> None:
     assert len(ips(unpack(sotw.one(EDS).resources[0]))) == 3
 
 
-def test_leds_over_sotw_ends_the_stream_with_invalid_argument() -> None:
+def test_leds_over_sotw_ends_the_stream_with_invalid_argument_logged_once_per_node() -> None:
     world = World()
-    client = world.sotw()
-    with pytest.raises(BadRequest, match="delta xDS only"):
-        client.request(LEDS, [leds_collection(WEB, ("", "zone-a"))])
-    assert world.count("meshbridge_xds_bad_requests_total", reason="delta_only_type") == 1
+    coll = leds_collection(WEB, ("", "zone-a"))
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):  # a client reconnecting in a loop
+            client = world.sotw()
+            client.node_id = "sotw-leds-node"
+            with pytest.raises(BadRequest, match="delta xDS only"):
+                client.request(LEDS, [coll])
+    assert world.count("meshbridge_xds_bad_requests_total", reason="delta_only_type") == 3
+    warned = [e for e in logs if e["event"] == "xds LEDS asked for over state-of-the-world"]
+    assert [(e["node"], e["log_level"]) for e in warned] == [("sotw-leds-node", "warning")]
 
 
 def test_a_deleted_service_leaves_a_delta_client_and_comes_back_when_recreated() -> None:

@@ -108,6 +108,7 @@ class SotwClient:
         self.stream = stream
         self.last: dict[str, discovery_pb2.DiscoveryResponse] = {}
         self.node_sent = False
+        self.node_id = "test-node"
 
     def request(self, type_url: str, names: list[str] | None = None, *,
                 nonce: str | None = None, version: str | None = None,
@@ -120,7 +121,7 @@ class SotwClient:
             version_info=version if version is not None else (last.version_info if last
                                                                else ""))
         if not self.node_sent:
-            req.node.id = "test-node"
+            req.node.id = self.node_id
             self.node_sent = True
         if error is not None:
             req.error_detail.code = 3
