@@ -30,12 +30,26 @@ def envoy_binary() -> str | None:
     return shutil.which("envoy")
 
 
+def eds_cluster(name: str, service_name: str) -> dict[str, Any]:
+    """A bootstrap (static) cluster whose endpoints, the CLA `service_name`, come over
+    ADS: it outlives its Service, so what Envoy does with a removed CLA shows on it."""
+    return {"name": name, "type": "EDS", "connect_timeout": "1s",
+            "eds_cluster_config": {"service_name": service_name,
+                                   "eds_config": {"resource_api_version": "V3",
+                                                  "ads": {}}}}
+
+
 def bootstrap(xds_port: int, api_type: str, node_id: str, cluster: str = "meshbridge",
-              locality: dict[str, str] | None = None) -> dict[str, Any]:
-    """Envoy's ADS bootstrap (xDS §4.1), GRPC or DELTA_GRPC."""
+              locality: dict[str, str] | None = None,
+              metadata: dict[str, str] | None = None,
+              static_clusters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Envoy's ADS bootstrap (xDS §4.1), GRPC or DELTA_GRPC; `metadata` is the node's
+    (e.g. `meshbridge.io/leds: always`), `static_clusters` more bootstrap clusters."""
     node: dict[str, Any] = {"id": node_id, "cluster": cluster}
     if locality:
         node["locality"] = locality
+    if metadata:
+        node["metadata"] = dict(metadata)
     return {
         "node": node,
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
@@ -64,15 +78,19 @@ def bootstrap(xds_port: int, api_type: str, node_id: str, cluster: str = "meshbr
                         "connection_keepalive": {"interval": "30s", "timeout": "5s"}}},
                 },
             },
-        }]},
+        }, *(static_clusters or [])]},
     }
 
 
 class Envoy:
     def __init__(self, binary: str, workdir: Path, xds_port: int, api_type: str = "GRPC",
                  node_id: str = "envoy", cluster: str = "meshbridge",
-                 locality: dict[str, str] | None = None, log_level: str = "info") -> None:
+                 locality: dict[str, str] | None = None, log_level: str = "info",
+                 metadata: dict[str, str] | None = None,
+                 static_clusters: list[dict[str, Any]] | None = None) -> None:
         self.binary = binary
+        self.metadata = metadata
+        self.static_clusters = static_clusters
         self.cluster = cluster
         self.locality = locality
         self.log_level = log_level
@@ -88,7 +106,8 @@ class Envoy:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "bootstrap.json"
         config.write_text(json.dumps(bootstrap(self.xds_port, self.api_type, self.node_id,
-                                               self.cluster, self.locality)))
+                                               self.cluster, self.locality, self.metadata,
+                                               self.static_clusters)))
         address_file = self.workdir / "admin-address"
         address_file.unlink(missing_ok=True)
         self.proc = await asyncio.create_subprocess_exec(

@@ -11,6 +11,9 @@ type's rules live in its own module under `xds_api/caches/`:
 * CDS (`caches/clusters.py`): one Cluster per port of every Service (ExternalName
   excepted), rebuilt only for the services a cluster change touches; the CDS version
   moves only on real change.
+* LEDS (`caches/leds.py`): each endpoint its own LbEndpoint resource, in one glob
+  collection per locality of a delta client's CLA, from the same per-version
+  grouping as EDS.
 * LDS and RDS (`caches/listeners.py`, `caches/routes.py`): the proxyless Listener
   and RouteConfiguration of every such service port, built on first request (their
   content is a function of the name).
@@ -30,7 +33,8 @@ from bridge.model import ServiceKey
 from bridge.views import View, ViewRegistry
 from xds_api import resource_types as rt
 from xds_api.caches.clusters import ClusterCache
-from xds_api.caches.endpoints import EndpointCache
+from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD, EndpointCache
+from xds_api.caches.leds import LedsCache
 from xds_api.caches.listeners import ListenerCache
 from xds_api.caches.ports import PortEntry, ServicePorts
 from xds_api.caches.routes import RouteCache
@@ -42,7 +46,7 @@ from xds_api.caches.type_cache import (
     sotw_reply,
 )
 from xds_api.metrics import XdsMetrics
-from xds_api.resources import EncodedResource
+from xds_api.resources import LINKERD_ENCODER, EncodedResource, MetadataEncoder
 from xds_api.subscription import NameChange, Subscription
 
 __all__ = ["PortEntry", "Reply", "ResourceCache", "Watcher"]
@@ -56,6 +60,8 @@ class ResourceCache:
         *,
         draining: bool = False,
         metrics: XdsMetrics | None = None,
+        metadata: MetadataEncoder = LINKERD_ENCODER,
+        leds_threshold: int = DEFAULT_LEDS_THRESHOLD,
     ) -> None:
         self.cluster = cluster
         self.views = views
@@ -67,15 +73,16 @@ class ResourceCache:
         prefix = secrets.token_hex(3)
         self.ports = ServicePorts(cluster_domain)
         self.endpoints = EndpointCache(views, cluster_domain, prefix, draining=draining,
-                                       metrics=self.metrics)
+                                       metrics=self.metrics, metadata=metadata,
+                                       leds_threshold=leds_threshold)
+        self.leds = LedsCache(self.endpoints, views, cluster_domain, prefix, self.metrics)
         self.clusters = ClusterCache(prefix, self.metrics)
         self.listeners = ListenerCache(self.ports, prefix, self.metrics)
         self.routes = RouteCache(self.ports, prefix, self.metrics)
-        # The one table that routes by type URL. LEDS joins here when it comes: a
-        # module under caches/ and one entry.
+        # The one table that routes by type URL.
         self._types: dict[str, TypeCache] = {
             rt.CLUSTER: self.clusters, rt.ENDPOINT: self.endpoints,
-            rt.LISTENER: self.listeners, rt.ROUTE: self.routes}
+            rt.LB_ENDPOINT: self.leds, rt.LISTENER: self.listeners, rt.ROUTE: self.routes}
         self._prefix = prefix
         self._refresh(list(cluster.services))
         cluster.add_listener(self._on_cluster_change, ListenerStage.RESOURCES)
@@ -95,9 +102,13 @@ class ResourceCache:
         cache = self._types.get(type_url)
         return cache.version() if cache is not None else f"{self._prefix}-0"
 
-    def get(self, type_url: str, name: str, node_name: str = "") -> EncodedResource | None:
+    def get(self, type_url: str, name: str, node_name: str = "", *,
+            delta: bool = False) -> EncodedResource | None:
         """The current resource, or None if it does not exist; EDS resources are the
-        View of the client's node (topology hints, internalTrafficPolicy, weights)."""
+        View of the client's node (topology hints, internalTrafficPolicy, weights),
+        and for a delta client a deleted service's CLA does not exist (§2.1)."""
+        if type_url == rt.ENDPOINT:
+            return self.endpoints.get(name, node_name, delta=delta)
         cache = self._types.get(type_url)
         return cache.get(name, node_name) if cache is not None else None
 
@@ -150,7 +161,9 @@ class ResourceCache:
         return sotw_reply(self._types[sub.type_url], sub)
 
     def delta_reply(self, sub: Subscription) -> Reply | None:
-        """What a delta subscription is due now (§2)."""
+        """What a delta subscription is due now (§2; LEDS by collection, §7.3)."""
+        if sub.type_url == rt.LB_ENDPOINT:
+            return self.leds.delta_reply(sub)
         return delta_reply(self._types[sub.type_url], sub)
 
     # ------------------------------------------------------------------ changes
@@ -163,6 +176,7 @@ class ResourceCache:
             touched = list(change.services)
         self._refresh(touched)
         self.endpoints.services_changed(touched)
+        self.leds.services_changed(touched)
 
     def _refresh(self, services: Iterable[ServiceKey]) -> None:
         ports = self.ports.refresh(services, self.cluster.services)

@@ -1,8 +1,13 @@
-"""`meshbridge xds NAME... [--type eds|cds|lds|rds] [--delta] [--server ADDR]`
+"""`meshbridge xds NAME... [--type eds|cds|lds|rds|leds] [--delta] [--server ADDR]`
 
 Subscribes over ADS as a client would, ACKs every response, and prints what arrives:
 readable by default, one JSON object per response with `--json`. CDS and LDS without
 names subscribe to everything (`*`). Names may be short (`web.emojivoto:80`).
+`--node-metadata meshbridge.io/leds=always` asks for LEDS (`--type leds --delta` with
+a collection name from the CLA follows it).
+
+`DeltaAdsClient` is the same client as a library, for tools and tests: one delta ADS
+stream, any types on it, every response ACKed, applied to what it holds, and sized.
 """
 
 from __future__ import annotations
@@ -11,12 +16,13 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any, TextIO
+from collections.abc import Iterable, Mapping
+from typing import Any, Self, TextIO
 
 import grpc
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import health_check_pb2
-from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 
@@ -37,6 +43,7 @@ from xds_api.resources import METADATA_NAMESPACE
 _MESSAGES: dict[str, Any] = {
     rt.CLUSTER: cluster_pb2.Cluster,
     rt.ENDPOINT: endpoint_pb2.ClusterLoadAssignment,
+    rt.LB_ENDPOINT: endpoint_components_pb2.LbEndpoint,
     rt.LISTENER: listener_pb2.Listener,
     rt.ROUTE: route_pb2.RouteConfiguration,
 }
@@ -49,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--type", choices=sorted(rt.BY_SHORT), default="eds",
                         help="resource type (default: eds)")
     parser.add_argument("--delta", action="store_true", help="use incremental (delta) ADS")
+    parser.add_argument("--node-metadata", action="append", default=[], type=_key_value,
+                        metavar="KEY=VALUE",
+                        help="node metadata to send (e.g. meshbridge.io/leds=always, "
+                             "NODE_NAME=node-a); repeatable")
     parser.add_argument("--server", default="127.0.0.1:8086", help="meshbridge gRPC address")
     parser.add_argument("--json", action="store_true", help="one JSON object per response")
     parser.add_argument("--count", type=int, default=0,
@@ -58,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-id", default="meshbridge-xds-client")
     parser.add_argument("--cluster-domain", default="cluster.local")
     add_tls_arguments(parser)
+
+
+def _key_value(text: str) -> str:
+    if "=" not in text or text.startswith("="):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +103,7 @@ async def _watch(args: argparse.Namespace, type_url: str, names: list[str],
             first = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=names)
         first.node.id = args.node_id
         first.node.user_agent_name = "meshbridge-xds"
+        first.node.metadata.update(dict(kv.split("=", 1) for kv in args.node_metadata))
         seen = 0
         try:
             await call.write(first)
@@ -181,21 +199,16 @@ def _describe(msg: Any) -> list[str]:
         lines = []
         for loc in msg.endpoints:
             where = "/".join(p for p in (loc.locality.region, loc.locality.zone) if p)
+            if loc.HasField("leds_cluster_locality_config"):
+                lines.append(f"locality {where or '(none)'}  LEDS "
+                             f"{loc.leds_cluster_locality_config.leds_collection_name}")
+                continue
             lines.append(f"locality {where or '(none)'}  weight "
                          f"{loc.load_balancing_weight.value}")
-            for lb in loc.lb_endpoints:
-                sa = lb.endpoint.address.socket_address
-                host = f"[{sa.address}]" if ":" in sa.address else sa.address
-                meta = lb.metadata.filter_metadata[METADATA_NAMESPACE].fields
-                extra = ""
-                if "identity" in meta:
-                    extra += f"  identity {meta['identity'].string_value}"
-                if "protocol_hint" in meta and meta["protocol_hint"].string_value:
-                    extra += f"  hint {meta['protocol_hint'].string_value}"
-                health = health_check_pb2.HealthStatus.Name(lb.health_status)
-                lines.append(f"  {host}:{sa.port_value}  {health}  weight "
-                             f"{lb.load_balancing_weight.value}{extra}")
+            lines.extend("  " + _describe_endpoint(lb) for lb in loc.lb_endpoints)
         return lines
+    if isinstance(msg, endpoint_components_pb2.LbEndpoint):
+        return [_describe_endpoint(msg)]
     if isinstance(msg, cluster_pb2.Cluster):
         h2 = "http2" if msg.typed_extension_protocol_options else "http1"
         return [f"{cluster_pb2.Cluster.DiscoveryType.Name(msg.type)} over ADS, "
@@ -209,3 +222,68 @@ def _describe(msg: Any) -> list[str]:
                 f"{', '.join(r.route.cluster for r in vh.routes)}"
                 for vh in msg.virtual_hosts]
     return ["(unknown resource type)"]
+
+
+def _describe_endpoint(lb: endpoint_components_pb2.LbEndpoint) -> str:
+    sa = lb.endpoint.address.socket_address
+    host = f"[{sa.address}]" if ":" in sa.address else sa.address
+    extra = ""
+    if METADATA_NAMESPACE in lb.metadata.filter_metadata:
+        meta = lb.metadata.filter_metadata[METADATA_NAMESPACE].fields
+        if "identity" in meta:
+            extra += f"  identity {meta['identity'].string_value}"
+        if "protocol_hint" in meta and meta["protocol_hint"].string_value:
+            extra += f"  hint {meta['protocol_hint'].string_value}"
+    health = health_check_pb2.HealthStatus.Name(lb.health_status)
+    return f"{host}:{sa.port_value}  {health}  weight {lb.load_balancing_weight.value}{extra}"
+
+
+class DeltaAdsClient:
+    """One delta ADS stream as a client: `subscribe` any type, `read` the next
+    response (ACKed, applied to `held`, its encoded size kept in `sizes`)."""
+
+    def __init__(self, channel: grpc.aio.Channel, node_id: str = "meshbridge-xds",
+                 metadata: Mapping[str, str] | None = None) -> None:
+        self._stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+        node = discovery_pb2.DeltaDiscoveryRequest().node
+        node.id = node_id
+        node.user_agent_name = "meshbridge-xds"
+        node.metadata.update(dict(metadata or {}))
+        self._node: Any = node  # sent on the first request only
+        self._call: Any = None
+        # type URL -> name -> the resource's message
+        self.held: dict[str, dict[str, Any]] = {}
+        self.sizes: list[tuple[str, int]] = []  # (type URL, bytes) per response
+
+    async def __aenter__(self) -> Self:
+        self._call = self._stub.DeltaAggregatedResources()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._call is not None:
+            self._call.cancel()
+
+    async def subscribe(self, type_url: str, names: Iterable[str] = (),
+                        unsubscribe: Iterable[str] = ()) -> None:
+        req = discovery_pb2.DeltaDiscoveryRequest(
+            type_url=type_url, resource_names_subscribe=list(names),
+            resource_names_unsubscribe=list(unsubscribe))
+        if self._node is not None:
+            req.node.CopyFrom(self._node)
+            self._node = None
+        await self._call.write(req)
+
+    async def read(self, timeout: float | None = None) -> discovery_pb2.DeltaDiscoveryResponse:
+        """The next response, ACKed; raises EOFError if the server ended the stream."""
+        resp = await asyncio.wait_for(self._call.read(), timeout)
+        if resp is grpc.aio.EOF:
+            raise EOFError("the server ended the stream")
+        self.sizes.append((resp.type_url, resp.ByteSize()))
+        held = self.held.setdefault(resp.type_url, {})
+        for name, _, msg in _entries(resp):
+            held[name] = msg
+        for name in resp.removed_resources:
+            held.pop(name, None)
+        await self._call.write(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=resp.type_url, response_nonce=resp.nonce))
+        return resp

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from envoy.config.cluster.v3 import cluster_pb2
@@ -47,6 +47,7 @@ _LOC = endpoint_components_pb2.LocalityLbEndpoints.DESCRIPTOR
 _LOC_LOCALITY = wire.field_number(_LOC, "locality")
 _LOC_ENDPOINTS = wire.field_number(_LOC, "lb_endpoints")
 _LOC_WEIGHT = wire.field_number(_LOC, "load_balancing_weight")
+_LOC_LEDS = wire.field_number(_LOC, "leds_cluster_locality_config")
 
 HEALTHY: int = health_check_pb2.HealthStatus.HEALTHY
 DRAINING: int = health_check_pb2.HealthStatus.DRAINING
@@ -126,6 +127,29 @@ def lb_weight(resolved: ResolvedEndpoint) -> int:
     return max(1, round(resolved.weight / BASE_WEIGHT))
 
 
+# The per-endpoint metadata profiles (`--xds-endpoint-metadata`): what each LbEndpoint
+# carries beside its address, health and weight.
+NO_METADATA = "none"
+ISTIO_METADATA = "istio"
+LINKERD_METADATA = "linkerd"
+METADATA_PROFILES = (NO_METADATA, ISTIO_METADATA, LINKERD_METADATA)
+DEFAULT_METADATA_PROFILE = ISTIO_METADATA
+# istiod's default cluster id (its CLUSTER_ID), the last field of `workload`.
+DEFAULT_ISTIO_CLUSTER_ID = "Kubernetes"
+
+# What istiod puts on an Envoy sidecar's endpoint (xDS §5.4).
+ISTIO_NAMESPACE = "istio"
+TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
+ISTIO_TLS_MODE_LABEL = "security.istio.io/tlsMode"
+ISTIO_TLS_DISABLED = "disabled"
+_CANONICAL_NAME_LABELS = ("service.istio.io/canonical-name", "app.kubernetes.io/name", "app")
+_CANONICAL_REVISION_LABELS = ("service.istio.io/canonical-revision",
+                              "app.kubernetes.io/version", "version")
+
+Labels = Mapping[str, str]
+_NO_LABELS: Labels = {}
+
+
 def _metadata_fields(resolved: ResolvedEndpoint) -> dict[str, object]:
     """The Linkerd enrichment, carried as endpoint metadata for whoever wants it."""
     ep = resolved.endpoint
@@ -147,7 +171,73 @@ def _metadata_fields(resolved: ResolvedEndpoint) -> dict[str, object]:
     return fields
 
 
-def encode_lb_endpoint(resolved: ResolvedEndpoint, health: int) -> bytes:
+@dataclass(frozen=True, slots=True)
+class IstioEndpointMetadata:
+    """The two things istiod tells a sidecar about a Kubernetes endpoint (xDS §5.4)."""
+
+    tls_mode: str  # "" when the pod is not in the mesh's mTLS (no label, or "disabled")
+    workload: str  # "name;namespace;canonical-name;canonical-revision;cluster-id"
+
+
+def istio_endpoint_metadata(resolved: ResolvedEndpoint, pod_labels: Labels,
+                            cluster_id: str) -> IstioEndpointMetadata:
+    ep = resolved.endpoint
+    enr = ep.enrichment
+    tls = pod_labels.get(ISTIO_TLS_MODE_LABEL, "")
+    # The workload is the pod's owner as Linkerd resolves it (a ReplicaSet's
+    # Deployment, a Job's CronJob), the pod itself without one; none for an address.
+    workload = enr.owner_name if enr.owner_name else ep.pod_name
+    name = next((pod_labels[k] for k in _CANONICAL_NAME_LABELS if pod_labels.get(k)),
+                workload)
+    revision = next((pod_labels[k] for k in _CANONICAL_REVISION_LABELS
+                     if pod_labels.get(k)), "latest")
+    if revision == "latest":
+        revision = ""  # istiod leaves its default out
+    return IstioEndpointMetadata(
+        "" if tls in ("", ISTIO_TLS_DISABLED) else tls,
+        f"{workload};{ep.id.namespace};{name};{revision};{cluster_id}")
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataEncoder:
+    """One metadata profile, and what it reads beyond the endpoint itself.
+
+    `key` is what the metadata depends on besides the ResolvedEndpoint: an endpoint is
+    encoded again only when that or the endpoint changes.
+    """
+
+    profile: str = LINKERD_METADATA
+    cluster_id: str = DEFAULT_ISTIO_CLUSTER_ID
+    # The labels of an endpoint's pod (istio reads them); none for an address.
+    pod_labels: Callable[[ResolvedEndpoint], Labels] = lambda _r: _NO_LABELS
+
+    def __post_init__(self) -> None:
+        if self.profile not in METADATA_PROFILES:
+            raise ValueError(f"unknown xDS endpoint metadata profile {self.profile!r}; "
+                             f"choose one of {', '.join(METADATA_PROFILES)}")
+
+    def key(self, resolved: ResolvedEndpoint) -> Hashable:
+        if self.profile != ISTIO_METADATA:
+            return None
+        return istio_endpoint_metadata(resolved, self.pod_labels(resolved), self.cluster_id)
+
+    def apply(self, msg: endpoint_components_pb2.LbEndpoint, resolved: ResolvedEndpoint,
+              key: Hashable) -> None:
+        if self.profile == LINKERD_METADATA:
+            msg.metadata.filter_metadata[METADATA_NAMESPACE].update(_metadata_fields(resolved))
+        elif isinstance(key, IstioEndpointMetadata):
+            if key.tls_mode:
+                msg.metadata.filter_metadata[TRANSPORT_SOCKET_MATCH].update(
+                    {"tlsMode": key.tls_mode})
+            msg.metadata.filter_metadata[ISTIO_NAMESPACE].update({"workload": key.workload})
+
+
+LINKERD_ENCODER = MetadataEncoder()
+
+
+def encode_lb_endpoint(resolved: ResolvedEndpoint, health: int,
+                       metadata: MetadataEncoder = LINKERD_ENCODER,
+                       key: Hashable = None) -> bytes:
     ep = resolved.endpoint
     msg = endpoint_components_pb2.LbEndpoint(health_status=health)
     msg.endpoint.address.socket_address.address = ep.ip
@@ -155,7 +245,7 @@ def encode_lb_endpoint(resolved: ResolvedEndpoint, health: int) -> bytes:
     if ep.hostname:
         msg.endpoint.hostname = ep.hostname
     msg.load_balancing_weight.value = lb_weight(resolved)
-    msg.metadata.filter_metadata[METADATA_NAMESPACE].update(_metadata_fields(resolved))
+    metadata.apply(msg, resolved, key if key is not None else metadata.key(resolved))
     return serialize(msg)
 
 
@@ -169,41 +259,52 @@ class EncodedEndpoint:
     ready: bool
     weight: int
     data: bytes
+    metadata_key: Hashable = None  # what the metadata was built from, beyond `source`
 
 
 EndpointMemo = Mapping[EndpointId, EncodedEndpoint]
+Locality = tuple[str, str]  # (region, zone)
+Localities = Mapping[Locality, Sequence[EncodedEndpoint]]
 
 
-def encode_endpoint(resolved: ResolvedEndpoint, draining: bool) -> EncodedEndpoint | None:
+def encode_endpoint(resolved: ResolvedEndpoint, draining: bool,
+                    metadata: MetadataEncoder = LINKERD_ENCODER,
+                    key: Hashable = None) -> EncodedEndpoint | None:
     health = health_status(resolved, draining)
     if health is None:
         return None
     ep = resolved.endpoint
     ip = ipaddress.ip_address(ep.ip)
+    if key is None:
+        key = metadata.key(resolved)
     return EncodedEndpoint(resolved, (ep.region, ep.zone or ""),
                            (ip.version, int(ip), ep.port), ep.ready, lb_weight(resolved),
-                           encode_lb_endpoint(resolved, health))
+                           encode_lb_endpoint(resolved, health, metadata, key), key)
 
 
-def encode_cla(
-    name: str,
+def group_endpoints(
     endpoints: Iterable[ResolvedEndpoint],
     draining: bool,
     previous: EndpointMemo | None = None,
-) -> tuple[bytes, dict[EndpointId, EncodedEndpoint]]:
-    """A ClusterLoadAssignment's bytes, plus the per-endpoint encodings to reuse next time.
+    metadata: MetadataEncoder = LINKERD_ENCODER,
+) -> tuple[dict[Locality, list[EncodedEndpoint]], dict[EndpointId, EncodedEndpoint]]:
+    """The endpoints a CLA carries, encoded, by locality (sorted), plus the per-endpoint
+    encodings to reuse next time.
 
-    One LocalityLbEndpoints per (region, zone), sorted, each with its weight set (gRPC
-    skips a locality without one, xDS §3.4); endpoints deduplicated by address (gRPC
-    NACKs a CLA with a duplicate, §3.7) and sorted by address, so identical inputs give
-    identical bytes and so identical versions. An endpoint unchanged since `previous`
-    is not encoded again: a one-endpoint change costs one endpoint's encoding.
+    Endpoints are deduplicated by address (gRPC NACKs a CLA with a duplicate, xDS
+    §3.7) and sorted by address, so identical inputs give identical bytes and so
+    identical versions. An endpoint unchanged since `previous` (itself and what its
+    metadata is built from) is not encoded again: a one-endpoint change costs one
+    endpoint's encoding.
     """
     memo: dict[EndpointId, EncodedEndpoint] = {}
     for resolved in endpoints:
         old = previous.get(resolved.id) if previous else None
-        enc = old if old is not None and old.source == resolved else encode_endpoint(
-            resolved, draining)
+        key = metadata.key(resolved)
+        if old is not None and old.source == resolved and old.metadata_key == key:
+            enc: EncodedEndpoint | None = old
+        else:
+            enc = encode_endpoint(resolved, draining, metadata, key)
         if enc is not None:
             memo[resolved.id] = enc
     by_address: dict[tuple[int, int, int], EncodedEndpoint] = {}
@@ -211,20 +312,57 @@ def encode_cla(
     # the enrichment), then the first by id: the choice never depends on arrival order.
     for eid in sorted(memo, key=lambda i: (not memo[i].ready, i.kind != "pod", i)):
         by_address.setdefault(memo[eid].sort_key, memo[eid])
-    localities: dict[tuple[str, str], list[EncodedEndpoint]] = {}
+    localities: dict[Locality, list[EncodedEndpoint]] = {}
     for key in sorted(by_address):
         enc = by_address[key]
         localities.setdefault(enc.locality, []).append(enc)
+    return {loc: localities[loc] for loc in sorted(localities)}, memo
+
+
+def _locality_field(region: str, zone: str) -> bytes:
+    return wire.length_delimited(_LOC_LOCALITY,
+                                 serialize(base_pb2.Locality(region=region, zone=zone)))
+
+
+def encode_cla_body(name: str, localities: Localities) -> bytes:
+    """One LocalityLbEndpoints per (region, zone), in order, each with its weight set
+    (gRPC skips a locality without one, xDS §3.4), priority 0."""
     parts = [wire.string_field(_CLA_NAME, name)]
-    for (region, zone) in sorted(localities):
-        members = localities[(region, zone)]
-        locality = serialize(base_pb2.Locality(region=region, zone=zone))
-        body = [wire.length_delimited(_LOC_LOCALITY, locality)]
+    for (region, zone), members in localities.items():
+        body = [_locality_field(region, zone)]
         body.extend(wire.length_delimited(_LOC_ENDPOINTS, m.data) for m in members)
         weight = min(UINT32_MAX, sum(m.weight for m in members))
         body.append(wire.length_delimited(_LOC_WEIGHT, wire.uint_field(1, weight)))
         parts.append(wire.length_delimited(_CLA_ENDPOINTS, b"".join(body)))
-    return b"".join(parts), memo
+    return b"".join(parts)
+
+
+def encode_leds_cla_body(name: str, localities: Iterable[Locality],
+                         collection: Callable[[Locality], str]) -> bytes:
+    """A CLA whose localities name their LEDS collections instead of listing endpoints
+    (xDS §7.2). No locality weight: it would be the sum of the endpoints' weights and
+    so change with every endpoint, which is what LEDS exists to avoid; Envoy reads it
+    only under locality-weighted balancing, and gRPC does not speak LEDS."""
+    parts = [wire.string_field(_CLA_NAME, name)]
+    for locality in localities:
+        config = endpoint_components_pb2.LedsClusterLocalityConfig(
+            leds_config=_ads(), leds_collection_name=collection(locality))
+        body = _locality_field(*locality) + wire.length_delimited(_LOC_LEDS, serialize(config))
+        parts.append(wire.length_delimited(_CLA_ENDPOINTS, body))
+    return b"".join(parts)
+
+
+def encode_cla(
+    name: str,
+    endpoints: Iterable[ResolvedEndpoint],
+    draining: bool,
+    previous: EndpointMemo | None = None,
+    metadata: MetadataEncoder = LINKERD_ENCODER,
+) -> tuple[bytes, dict[EndpointId, EncodedEndpoint]]:
+    """A ClusterLoadAssignment's bytes, plus the per-endpoint encodings to reuse next
+    time (see `group_endpoints` and `encode_cla_body`)."""
+    localities, memo = group_endpoints(endpoints, draining, previous, metadata)
+    return encode_cla_body(name, localities), memo
 
 
 # ---------------------------------------------------------------------- clusters
@@ -312,7 +450,7 @@ def encode_named(type_url: str, name: str, message: object) -> EncodedResource:
 
 def encode_cla_resource(
     name: str, endpoints: Iterable[ResolvedEndpoint], draining: bool,
-    previous: EndpointMemo | None = None,
+    previous: EndpointMemo | None = None, metadata: MetadataEncoder = LINKERD_ENCODER,
 ) -> tuple[EncodedResource, dict[EndpointId, EncodedEndpoint]]:
-    body, memo = encode_cla(name, endpoints, draining, previous)
+    body, memo = encode_cla(name, endpoints, draining, previous, metadata)
     return encode_resource(rt.ENDPOINT, name, body), memo

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -25,14 +26,22 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError
 
+from bridge.model import ResolvedEndpoint
 from bridge.views import View
 from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
 from meshbridge.writes import NowaitWriter, nowait_writer
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
+from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
 from xds_api.metrics import XdsMetrics
-from xds_api.resources import METADATA_NAMESPACE
+from xds_api.resources import (
+    DEFAULT_ISTIO_CLUSTER_ID,
+    DEFAULT_METADATA_PROFILE,
+    METADATA_NAMESPACE,
+    METADATA_PROFILES,
+    MetadataEncoder,
+)
 from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
@@ -59,6 +68,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--xds-write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT,
                        help="seconds a response may wait for a client that does not read "
                             "before its stream is cut off")
+    group.add_argument("--xds-endpoint-metadata", choices=METADATA_PROFILES,
+                       default=DEFAULT_METADATA_PROFILE,
+                       help="what each LbEndpoint carries as metadata: none; istio (what "
+                            "istiod sends a sidecar: tlsMode and workload); linkerd (the "
+                            "Linkerd enrichment) (default: %(default)s)")
+    group.add_argument("--xds-istio-cluster-id", default=DEFAULT_ISTIO_CLUSTER_ID,
+                       help="the cluster id in the istio profile's `workload` "
+                            "(default: %(default)s, istiod's)")
+    group.add_argument("--xds-leds-threshold", type=_non_negative_int,
+                       default=DEFAULT_LEDS_THRESHOLD,
+                       help="a delta client gets a service port of at least this many "
+                            "endpoints over LEDS, one resource per endpoint (0: only "
+                            "clients whose node metadata says meshbridge.io/leds: always) "
+                            "(default: %(default)s)")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +103,22 @@ class XdsOptions:
     # Seconds a response may wait for a client that does not read before its stream
     # is cut off.
     write_timeout: float = DEFAULT_WRITE_TIMEOUT
+    # What each LbEndpoint carries as metadata (resources.METADATA_PROFILES).
+    endpoint_metadata: str = DEFAULT_METADATA_PROFILE
+    # The cluster id in the istio profile's `workload` field.
+    istio_cluster_id: str = DEFAULT_ISTIO_CLUSTER_ID
+    # Endpoints from which a delta client gets a service port over LEDS (0: on request).
+    leds_threshold: int = DEFAULT_LEDS_THRESHOLD
 
     def __post_init__(self) -> None:
+        if self.endpoint_metadata not in METADATA_PROFILES:
+            raise ValueError(f"unknown xDS endpoint metadata profile "
+                             f"{self.endpoint_metadata!r}; choose one of "
+                             f"{', '.join(METADATA_PROFILES)}")
+        if isinstance(self.leds_threshold, bool) or not isinstance(self.leds_threshold, int) \
+                or self.leds_threshold < 0:
+            raise ValueError(f"the LEDS threshold must be a whole number, 0 or more, not "
+                             f"{self.leds_threshold!r}")
         if not isinstance(self.draining, bool):
             raise ValueError(f"xDS draining must be true or false, not {self.draining!r}")
         if isinstance(self.write_timeout, bool) \
@@ -84,7 +131,10 @@ class XdsOptions:
 def options_from_args(args: argparse.Namespace) -> XdsOptions:
     """The options `add_arguments` parsed."""
     return XdsOptions(draining=bool(args.xds_draining),
-                      write_timeout=float(args.xds_write_timeout))
+                      write_timeout=float(args.xds_write_timeout),
+                      endpoint_metadata=str(args.xds_endpoint_metadata),
+                      istio_cluster_id=str(args.xds_istio_cluster_id),
+                      leds_threshold=int(args.xds_leds_threshold))
 
 
 def register(host: Host, server: grpc.aio.Server) -> None:
@@ -111,8 +161,18 @@ class XdsService:
         options = options or XdsOptions()
         self.options = options
         self.metrics = XdsMetrics(host.metrics)
-        self.cache = ResourceCache(host.cluster, host.views, host.config.cluster_domain,
-                                   draining=options.draining, metrics=self.metrics)
+        cluster = host.cluster
+
+        def pod_labels(resolved: ResolvedEndpoint) -> Mapping[str, str]:
+            ep = resolved.endpoint
+            pod = cluster.pods.get((ep.id.namespace, ep.pod_name)) if ep.pod_name else None
+            return pod.meta.labels if pod is not None else {}
+
+        metadata = MetadataEncoder(options.endpoint_metadata, options.istio_cluster_id,
+                                   pod_labels)
+        self.cache = ResourceCache(cluster, host.views, host.config.cluster_domain,
+                                   draining=options.draining, metrics=self.metrics,
+                                   metadata=metadata, leds_threshold=options.leds_threshold)
         self.streams = host.streams
         # Names per xDS request: the core's --max-resource-names.
         self.max_names = host.limits.max_resource_names or DEFAULT_MAX_NAMES
@@ -229,13 +289,14 @@ class XdsService:
                 sa = lb.endpoint.address.socket_address
                 addr = f"[{sa.address}]:{sa.port_value}" if ":" in sa.address else \
                     f"{sa.address}:{sa.port_value}"
-                meta = lb.metadata.filter_metadata[METADATA_NAMESPACE]
+                # Only the linkerd metadata profile carries the identity.
+                meta = lb.metadata.filter_metadata.get(METADATA_NAMESPACE)
                 endpoints[addr] = {
                     "health": health_check_pb2.HealthStatus.Name(lb.health_status),
                     "zone": loc.locality.zone, "region": loc.locality.region,
                     "weight": lb.load_balancing_weight.value,
                     "identity": meta.fields["identity"].string_value
-                    if "identity" in meta.fields else "",
+                    if meta is not None and "identity" in meta.fields else "",
                 }
         message = json_format.MessageToDict(cla, preserving_proto_field_name=True)
         return endpoints, {"view_version": view.version, "resource_version": res.version,

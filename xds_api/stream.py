@@ -27,7 +27,14 @@ from xds_api import wire
 from xds_api.caches.type_cache import Reply, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.resources import EncodedResource
-from xds_api.subscription import ABSENT, NameChange, Subscription
+from xds_api.subscription import (
+    ABSENT,
+    LEDS_ALWAYS,
+    LEDS_METADATA,
+    LEDS_NEVER,
+    NameChange,
+    Subscription,
+)
 
 log = structlog.get_logger("meshbridge.xds")
 
@@ -97,12 +104,26 @@ class TooManyNames(StreamError):
     pass
 
 
+# Node ids already warned about a request refused for their variant; bounded, so
+# that clients inventing ids cannot grow it.
+_WARNED: set[str] = set()
+_MAX_WARNED = 4096
+
+
+def _first_time(node_id: str) -> bool:
+    if node_id in _WARNED or len(_WARNED) >= _MAX_WARNED:
+        return False
+    _WARNED.add(node_id)
+    return True
+
+
 class XdsStream:
     """What SotW and delta streams share: node, nonces, subscriptions, watches."""
 
     # Thousands of these live at once; slots keep each one small.
     __slots__ = ("_closed", "_node_seen", "_nonce", "_unknown", "_wake", "ads", "cache",
-                 "info", "max_names", "metrics", "node_id", "node_name", "peer", "subs")
+                 "info", "leds", "max_names", "metrics", "node_id", "node_name", "peer",
+                 "subs")
     api = ""
     protocol = ""
 
@@ -130,6 +151,7 @@ class XdsStream:
         # id, for logs: an Envoy node lists every extension it has, kilobytes each).
         self.node_id = ""
         self.node_name = ""
+        self.leds = ""  # the node's LEDS preference (§7)
         self._node_seen = False
         self.subs: dict[str, Subscription] = {}
         self._nonce = 0
@@ -145,7 +167,7 @@ class XdsStream:
         return any(sub.nonce and sub.answered != sub.nonce for sub in self.subs.values())
 
     def take_responses(self) -> list[bytes]:
-        """The encoded responses due now, in CDS, EDS, LDS, RDS order (§1.9)."""
+        """The encoded responses due now, in CDS, EDS, LEDS, LDS, RDS order (§1.9)."""
         out: list[bytes] = []
         for t in rt.ORDER:
             sub = self.subs.get(t)
@@ -226,6 +248,9 @@ class XdsStream:
             meta = req.node.metadata.fields.get(NODE_NAME_METADATA)
             if meta is not None and meta.HasField("string_value"):
                 self.node_name = meta.string_value[:253]
+            leds = req.node.metadata.fields.get(LEDS_METADATA)
+            if leds is not None and leds.string_value in (LEDS_ALWAYS, LEDS_NEVER):
+                self.leds = leds.string_value
             if self.info is not None:
                 self.info.client = req.node.id
 
@@ -242,7 +267,9 @@ class XdsStream:
     def _subscription(self, type_url: str) -> tuple[Subscription, bool]:
         sub = self.subs.get(type_url)
         if sub is None:
-            sub = self.subs[type_url] = Subscription(type_url, node_name=self.node_name)
+            sub = self.subs[type_url] = Subscription(
+                type_url, node_name=self.node_name, delta=self.api == "delta",
+                leds=self.leds)
             return sub, True
         return sub, False
 
@@ -312,6 +339,8 @@ class SotwStream(XdsStream):
         if t not in rt.SHORT:
             self._unknown_type(t, req)
             return
+        if t in rt.DELTA_ONLY:
+            self._refuse_delta_only(t)
         names = list(dict.fromkeys(req.resource_names))  # the same name twice is one
         self._check_size(len(names), t)
         sub, _ = self._subscription(t)
@@ -350,6 +379,18 @@ class SotwStream(XdsStream):
         self._apply_watches(sub, change)
         if sub.dirty or sub.must_reply:
             self._wake()
+
+    def _refuse_delta_only(self, type_url: str) -> None:
+        # §7.1: LEDS collections exist only in delta xDS, and no CLA sent over SotW
+        # names one, so a SotW request for them is a client misconfigured: the stream
+        # ends with INVALID_ARGUMENT (the only error a server can send), logged once
+        # per node so that a client reconnecting in a loop does not flood the log.
+        self.metrics.bad_requests.labels("delta_only_type").inc()
+        if _first_time(self.node_id):
+            log.warning("xds LEDS asked for over state-of-the-world", node=self.node_id,
+                        peer=self.peer, type=rt.short_name(type_url))
+        raise BadRequest(f"{type_url} (LEDS) is served over delta xDS only "
+                         f"(DeltaAggregatedResources)")
 
     def _unknown_type(self, type_url: str, req: discovery_pb2.DiscoveryRequest) -> None:
         # Another type on ADS (SDS secrets, say): answered once, empty, so the client

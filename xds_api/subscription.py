@@ -20,6 +20,12 @@ ABSENT = ""
 # unsubscribed while `*` still covers it).
 RESEND = "\x00resend"
 
+# What a client's node metadata `meshbridge.io/leds` may say (xDS §7): LEDS whatever
+# the View's size, or never; anything else leaves it to the server's threshold.
+LEDS_METADATA = "meshbridge.io/leds"
+LEDS_ALWAYS = "always"
+LEDS_NEVER = "never"
+
 
 @dataclass(frozen=True, slots=True)
 class NameChange:
@@ -65,6 +71,10 @@ class Subscription:
     # the View of each EDS name exactly as a Linkerd context token's nodeName does.
     node_name: str = ""
     last_nack: str = ""
+    # §2.1: a delta client is told that a deleted service's CLA no longer exists.
+    delta: bool = False
+    # §7: the client's LEDS preference (LEDS_ALWAYS, LEDS_NEVER or "": the threshold).
+    leds: str = ""
 
     @property
     def wildcard_capable(self) -> bool:

@@ -5,17 +5,27 @@ and both equal the View they were encoded from."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 
 from bridge.authority import parse_authority
 from harness.clients import LinkerdClient, XdsClient
 from harness.normalize import NormalEndpoint, State
 from meshbridge.app import App
+from tests.conftest import AppFactory
 from tests.polling import eventually
+from xds_api.service import XdsOptions
+
+
+@pytest.fixture
+def make_app(make_app: AppFactory) -> AppFactory:
+    # Field by field includes identity and hints: the linkerd metadata profile.
+    return partial(make_app, layer_options=(XdsOptions(endpoint_metadata="linkerd"),))
 
 
 def demo_targets(app: App) -> list[str]:

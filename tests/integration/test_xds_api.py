@@ -225,7 +225,8 @@ async def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path,
 
 async def test_the_xds_command_prints_what_arrives(demo_dir: Path,
                                                    make_app: AppFactory) -> None:
-    app: App = await make_app(demo_dir)
+    # The readable output shows the identity, which the linkerd profile carries.
+    app: App = await make_app(demo_dir, layer_options=(XdsOptions(endpoint_metadata="linkerd"),))
     server = f"127.0.0.1:{app.grpc_port}"
 
     async def cli(*args: str) -> tuple[int, str, str]:

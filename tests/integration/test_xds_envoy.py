@@ -123,10 +123,11 @@ async def check_config_dump(envoy: Envoy) -> None:
     for loc in web["endpoints"]:
         assert int(loc["load_balancing_weight"]) >= 1
         for lb in loc["lb_endpoints"]:
-            meta = lb["metadata"]["filter_metadata"]["io.linkerd.destination"]
-            assert meta["identity"] == ("web.emojivoto.serviceaccount.identity.linkerd."
-                                        "cluster.local")
-            assert meta["zone"] == loc["locality"]["zone"]
+            # The default metadata profile: what istiod would send (no tlsMode label on
+            # the demo's pods, so no transport socket match).
+            meta = lb["metadata"]["filter_metadata"]
+            assert set(meta) == {"istio"}
+            assert meta["istio"]["workload"] == "web;emojivoto;web;v11;Kubernetes"
     [lds] = [c for c in dump["configs"] if c["@type"].endswith("ListenersConfigDump")]
     assert not lds.get("dynamic_listeners")  # wildcard LDS is an empty set
 

@@ -15,6 +15,7 @@ from typing import Any
 from meshbridge.app import App
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import DEMO, Manifests, eventually
+from xds_api.service import XdsOptions
 
 INSTANCE = "db-1.db.data.svc.cluster.local:5432"
 CATALOG = "catalog.shop.svc.cluster.local:80"
@@ -47,7 +48,8 @@ def address(ip: str, port: int) -> str:
 
 async def test_every_demo_target_is_one_truth_for_both_protocols(
         demo_dir: Path, make_app: AppFactory) -> None:
-    app: App = await make_app(demo_dir)
+    # The identity an xDS client is told travels in the linkerd metadata profile.
+    app: App = await make_app(demo_dir, layer_options=(XdsOptions(endpoint_metadata="linkerd"),))
     assert "linkerd" in app.renderers, "the Linkerd layer is mounted"
     for authority, expected in DEMO.items():
         page = await same_truth(app, authority)

@@ -290,7 +290,7 @@ class DeltaModel:
 def check_delta_settled(m: DeltaModel) -> None:
     expected = {}
     for n in m.subscribed:
-        res = m.world.cache.get(EDS, n)
+        res = m.world.cache.get(EDS, n, delta=True)
         if res is not None:
             expected[n] = res.version
     assert m.held == expected, "delta client does not hold exactly the current resources"
@@ -310,7 +310,8 @@ def test_random_delta_programs_keep_the_rules(ops: list[Op]) -> None:
             sent = {r.name for resp in got for r in resp.resources}
             # §2: every name in resource_names_subscribe that exists is sent, even one
             # the client seems to hold at the current version.
-            assert {n for n in op[1] if world.cache.get(EDS, n) is not None} <= sent
+            assert {n for n in op[1]
+                    if world.cache.get(EDS, n, delta=True) is not None} <= sent
         elif kind == "unsubscribe":
             m.send(unsubscribe=list(op[1]))
         elif kind == "ack":

@@ -51,13 +51,15 @@ def apply_step(world: World, step: tuple[Any, ...]) -> None:
         world.set_port_protocol(step[1], step[2])
 
 
-def truth(world: World, type_url: str, wanted: set[str], wildcard: bool) -> dict[str, bytes]:
+def truth(world: World, type_url: str, wanted: set[str], wildcard: bool,
+          delta: bool = False) -> dict[str, bytes]:
     names = set(wanted)
     if wildcard:
         names |= set(world.cache.wildcard_names(type_url))
     out = {}
     for n in names:
-        res = world.cache.get(type_url, n)
+        # §2.1: to a delta client a deleted service has no CLA; SotW keeps an empty one.
+        res = world.cache.get(type_url, n, delta=delta)
         if res is not None:
             out[n] = res.any_bytes
     return out
@@ -148,7 +150,7 @@ class DeltaModel:
     def check(self, world: World) -> None:
         for t in self.wanted:
             sub = self.client.stream.subs[t]
-            want = truth(world, t, sub.names, sub.wildcard)
+            want = truth(world, t, sub.names, sub.wildcard, delta=True)
             assert self.held[t] == want, (t, sorted(self.held[t]), sorted(want))
 
 

@@ -30,6 +30,30 @@ def test_a_write_timeout_must_be_a_positive_number_of_seconds(timeout: float) ->
         options_from_args(parse("--xds-write-timeout", str(timeout)))
 
 
+def test_the_metadata_profile_defaults_to_istio_and_an_unknown_one_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert options_from_args(parse()).endpoint_metadata == "istio"
+    assert options_from_args(parse("--xds-endpoint-metadata", "linkerd")).endpoint_metadata \
+        == "linkerd"
+    with pytest.raises(SystemExit):
+        parse("--xds-endpoint-metadata", "consul")
+    err = capsys.readouterr().err
+    assert "invalid choice: 'consul'" in err and "'none', 'istio', 'linkerd'" in err
+    with pytest.raises(ValueError, match="none, istio, linkerd"):
+        XdsOptions(endpoint_metadata="consul")
+
+
+def test_the_leds_threshold_is_a_whole_number_zero_or_more(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert options_from_args(parse()).leds_threshold == 1000
+    assert options_from_args(parse("--xds-leds-threshold", "0")).leds_threshold == 0
+    with pytest.raises(SystemExit):
+        parse("--xds-leds-threshold", "-1")
+    assert "must be 0 or more" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="LEDS threshold"):
+        XdsOptions(leds_threshold=-3)
+
+
 def test_draining_must_be_a_boolean() -> None:
     with pytest.raises(ValueError, match="draining"):
         XdsOptions(draining="yes")  # type: ignore[arg-type]

@@ -128,9 +128,9 @@ def test_an_unchanged_endpoint_is_not_encoded_again(monkeypatch: pytest.MonkeyPa
     calls = []
     real = resources.encode_lb_endpoint
 
-    def counting(r: ResolvedEndpoint, health: int) -> bytes:
+    def counting(r: ResolvedEndpoint, health: int, *args: Any) -> bytes:
         calls.append(r.endpoint.ip)
-        return real(r, health)
+        return real(r, health, *args)
 
     monkeypatch.setattr(resources, "encode_lb_endpoint", counting)
     eps[7] = resolved("10.0.0.8", "p8", zone="zone-b")
@@ -249,3 +249,60 @@ def test_any_wrapping_matches_protobuf() -> None:
     res = resources.encode_resource(EDS, "n", b"\x0a\x01n")
     msg = any_pb2.Any.FromString(res.any_bytes)
     assert msg.type_url == EDS and msg.value == b"\x0a\x01n"
+
+
+def istio_encoder(labels: dict[str, str]) -> resources.MetadataEncoder:
+    return resources.MetadataEncoder("istio", "Kubernetes", lambda _r: labels)
+
+
+def test_the_istio_profile_sends_what_istiod_sends_a_sidecar() -> None:
+    r = resolved("10.0.0.1", "web-1", identity="web.app.serviceaccount.identity.linkerd",
+                 owner_kind="deployment", owner_name="web")
+    labels = {"security.istio.io/tlsMode": "istio", "app": "web-app",
+              "service.istio.io/canonical-name": "web-canonical",
+              "service.istio.io/canonical-revision": "v2", "version": "v9"}
+    lb = endpoint_components_pb2.LbEndpoint.FromString(
+        resources.encode_lb_endpoint(r, 1, istio_encoder(labels)))
+    fm = lb.metadata.filter_metadata
+    assert sorted(fm) == ["envoy.transport_socket_match", "istio"]
+    assert dict(fm["envoy.transport_socket_match"].fields)["tlsMode"].string_value == "istio"
+    assert fm["istio"].fields["workload"].string_value == \
+        "web;app;web-canonical;v2;Kubernetes"
+
+
+@pytest.mark.parametrize(("labels", "tls", "workload"), [
+    # Not injected (no label) or explicitly out of mTLS: no transport socket match.
+    ({}, None, "web;app;web;;Kubernetes"),
+    ({"security.istio.io/tlsMode": "disabled", "app.kubernetes.io/name": "shop",
+      "app": "ignored", "app.kubernetes.io/version": "1.2"}, None,
+     "web;app;shop;1.2;Kubernetes"),
+    # istiod leaves its default revision, "latest", out.
+    ({"app": "web-app", "version": "latest"}, None, "web;app;web-app;;Kubernetes"),
+])
+def test_the_istio_profile_follows_istiods_defaults(labels: dict[str, str], tls: str | None,
+                                                    workload: str) -> None:
+    r = resolved("10.0.0.1", "web-1", owner_kind="deployment", owner_name="web")
+    lb = endpoint_components_pb2.LbEndpoint.FromString(
+        resources.encode_lb_endpoint(r, 1, istio_encoder(labels)))
+    fm = lb.metadata.filter_metadata
+    assert ("envoy.transport_socket_match" in fm) == (tls is not None)
+    assert fm["istio"].fields["workload"].string_value == workload
+
+
+def test_the_none_profile_sends_no_metadata_and_an_unknown_profile_is_refused() -> None:
+    r = resolved("10.0.0.1", "web-1", identity="x")
+    lb = endpoint_components_pb2.LbEndpoint.FromString(
+        resources.encode_lb_endpoint(r, 1, resources.MetadataEncoder("none")))
+    assert not lb.HasField("metadata")
+    with pytest.raises(ValueError, match="none, istio, linkerd"):
+        resources.MetadataEncoder("consul")
+
+
+def test_a_pod_label_change_reencodes_the_istio_metadata() -> None:
+    labels = {"security.istio.io/tlsMode": "istio"}
+    enc = istio_encoder(labels)
+    eps = [resolved("10.0.0.1", "web-1", owner_kind="deployment", owner_name="web")]
+    first, memo = resources.encode_cla("c", eps, False, None, enc)
+    labels["security.istio.io/tlsMode"] = "disabled"
+    second, _ = resources.encode_cla("c", eps, False, memo, enc)
+    assert first != second and b"transport_socket_match" not in second

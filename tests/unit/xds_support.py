@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
@@ -19,14 +19,17 @@ from bridge.views import ViewRegistry
 from tests.unit.builders import delete, endpoint, endpoint_slice, load, pod, service
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
+from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
 from xds_api.metrics import XdsMetrics
+from xds_api.resources import LINKERD_ENCODER, MetadataEncoder
 from xds_api.stream import DeltaStream, SotwStream
 
-CDS, EDS, LDS, RDS = rt.CLUSTER, rt.ENDPOINT, rt.LISTENER, rt.ROUTE
+CDS, EDS, LDS, RDS, LEDS = rt.CLUSTER, rt.ENDPOINT, rt.LISTENER, rt.ROUTE, rt.LB_ENDPOINT
 DOMAIN = "cluster.local"
 MESSAGES: dict[str, Any] = {
     CDS: cluster_pb2.Cluster, EDS: endpoint_pb2.ClusterLoadAssignment,
     LDS: listener_pb2.Listener, RDS: route_pb2.RouteConfiguration,
+    LEDS: endpoint_components_pb2.LbEndpoint,
 }
 
 
@@ -53,12 +56,15 @@ def ips(cla: endpoint_pb2.ClusterLoadAssignment) -> list[str]:
 class World:
     """One cluster with services `web` (port 80) and `api` (port 80, grpc) in `app`."""
 
-    def __init__(self, draining: bool = False, with_services: bool = True) -> None:
+    def __init__(self, draining: bool = False, with_services: bool = True,
+                 metadata: MetadataEncoder = LINKERD_ENCODER,
+                 leds_threshold: int = DEFAULT_LEDS_THRESHOLD) -> None:
         self.cluster = Cluster()
         self.views = ViewRegistry(self.cluster, MeshConfig())
         self.metrics = XdsMetrics()
         self.cache = ResourceCache(self.cluster, self.views, DOMAIN, draining=draining,
-                                   metrics=self.metrics)
+                                   metrics=self.metrics, metadata=metadata,
+                                   leds_threshold=leds_threshold)
         if with_services:
             self.add_service("web", ["10.0.0.1", "10.0.0.2"])
             self.add_service("api", ["10.0.1.1"], app_protocol="grpc")
@@ -72,8 +78,9 @@ class World:
         self.set_endpoints(svc, addresses, ns=ns)
 
     def set_endpoints(self, svc: str, addresses: list[str], ns: str = "app",
-                      zones: list[str] | None = None) -> None:
-        pods = [pod(f"{svc}-{i}", ip, ns=ns) for i, ip in enumerate(addresses)]
+                      zones: list[str] | None = None,
+                      labels: dict[str, str] | None = None) -> None:
+        pods = [pod(f"{svc}-{i}", ip, ns=ns, labels=labels) for i, ip in enumerate(addresses)]
         eps = [endpoint(ip, f"{svc}-{i}", ns=ns, zone=zones[i] if zones else "zone-a")
                for i, ip in enumerate(addresses)]
         load(self.cluster, *pods, endpoint_slice(f"{svc}-slice", svc, eps, ns=ns))
@@ -88,8 +95,8 @@ class World:
     def sotw(self, ads: bool = True, max_names: int = 10_000) -> SotwClient:
         return SotwClient(SotwStream(self.cache, ads=ads, max_names=max_names))
 
-    def delta(self, ads: bool = True) -> DeltaClient:
-        return DeltaClient(DeltaStream(self.cache, ads=ads))
+    def delta(self, ads: bool = True, node: dict[str, str] | None = None) -> DeltaClient:
+        return DeltaClient(DeltaStream(self.cache, ads=ads), node)
 
     def count(self, metric: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(metric, labels)
@@ -101,6 +108,7 @@ class SotwClient:
         self.stream = stream
         self.last: dict[str, discovery_pb2.DiscoveryResponse] = {}
         self.node_sent = False
+        self.node_id = "test-node"
 
     def request(self, type_url: str, names: list[str] | None = None, *,
                 nonce: str | None = None, version: str | None = None,
@@ -113,7 +121,7 @@ class SotwClient:
             version_info=version if version is not None else (last.version_info if last
                                                                else ""))
         if not self.node_sent:
-            req.node.id = "test-node"
+            req.node.id = self.node_id
             self.node_sent = True
         if error is not None:
             req.error_detail.code = 3
@@ -140,8 +148,9 @@ class SotwClient:
 
 
 class DeltaClient:
-    def __init__(self, stream: DeltaStream) -> None:
+    def __init__(self, stream: DeltaStream, node: dict[str, str] | None = None) -> None:
         self.stream = stream
+        self.node = node  # node metadata, sent on the first request
         self.last: dict[str, discovery_pb2.DeltaDiscoveryResponse] = {}
         self.held: dict[str, dict[str, str]] = {}
 
@@ -154,6 +163,10 @@ class DeltaClient:
             resource_names_unsubscribe=unsubscribe or [],
             response_nonce=nonce if nonce is not None else (last.nonce if last else ""),
             initial_resource_versions=initial or {})
+        if self.node is not None:
+            req.node.id = "test-node"
+            req.node.metadata.update(self.node)
+            self.node = None
         if error is not None:
             req.error_detail.code = 3
             req.error_detail.message = error

@@ -5,10 +5,18 @@
   View has one name. The client's node (node metadata NODE_NAME) picks the View of
   that name, as a Linkerd context token's nodeName does.
 * Wildcard: none (§1.5).
-* Unknown name: a name that is a service-port authority always has a CLA — empty
-  while the service has no endpoints, does not exist (yet) or cannot be watched
-  (ExternalName) — so a client is never left waiting on an EDS name (§1.10). A name
-  that is no service-port authority never exists: nothing is sent for it.
+* Unknown name: for a SotW client a name that is a service-port authority always has
+  a CLA — empty while the service has no endpoints, does not exist (yet) or cannot be
+  watched (ExternalName) — so a client is never left waiting on an EDS name (§1.10).
+  A delta client is told the truth (§2.1): a service that exists without endpoints
+  has an empty CLA, one that does not exist (deleted, not yet created, ExternalName)
+  has none, and its name goes in `removed_resources`; when it is (re)created, its CLA
+  is sent again. A name that is no service-port authority never exists: nothing is
+  sent for it.
+* LEDS (§7): a delta client that asks for it (node metadata `meshbridge.io/leds:
+  "always"`), or whose View has at least `leds_threshold` endpoints (unless it says
+  `"never"`), gets the CLA whose localities name LEDS collections instead
+  (`caches/leds.py` serves their members, from the same per-version grouping).
 
 A watched name is an `EndpointWatch`: the View's subscriber on the stream's behalf,
 keeping the View it joined (and is handed on every change), so that what is due is
@@ -25,9 +33,22 @@ from bridge.views import InvalidService, View, ViewChange, ViewRegistry
 from xds_api import resource_types as rt
 from xds_api.caches.type_cache import Version, Watcher
 from xds_api.metrics import XdsMetrics
-from xds_api.names import parse_resource_name
-from xds_api.resources import EncodedEndpoint, EncodedResource, encode_cla_resource
-from xds_api.subscription import Subscription
+from xds_api.names import leds_collection, parse_resource_name
+from xds_api.resources import (
+    LINKERD_ENCODER,
+    EncodedEndpoint,
+    EncodedResource,
+    Localities,
+    MetadataEncoder,
+    encode_cla_body,
+    encode_leds_cla_body,
+    encode_resource,
+    group_endpoints,
+)
+from xds_api.subscription import LEDS_ALWAYS, LEDS_NEVER, Subscription
+
+# Endpoints in a View from which a delta client gets LEDS without asking (0: never).
+DEFAULT_LEDS_THRESHOLD = 1000
 
 
 class EndpointWatch:
@@ -53,11 +74,15 @@ class EndpointCache:
     full_state = False
 
     def __init__(self, views: ViewRegistry, cluster_domain: str, prefix: str, *,
-                 draining: bool, metrics: XdsMetrics) -> None:
+                 draining: bool, metrics: XdsMetrics,
+                 metadata: MetadataEncoder = LINKERD_ENCODER,
+                 leds_threshold: int = DEFAULT_LEDS_THRESHOLD) -> None:
         self.views = views
         self.cluster_domain = cluster_domain
         self.draining = draining
         self.metrics = metrics
+        self.metadata = metadata
+        self.leds_threshold = leds_threshold
         self._version = Version(prefix)
         # The names each subscription watches, and the View each is watched through.
         self._watches: dict[Subscription, dict[str, EndpointWatch]] = {}
@@ -65,36 +90,69 @@ class EndpointCache:
         self._blocked: dict[ServiceKey, set[EndpointWatch]] = {}
         self._endpoint_memos: weakref.WeakKeyDictionary[
             View, dict[EndpointId, EncodedEndpoint]] = weakref.WeakKeyDictionary()
+        self._groups_key = ("xds_api.groups", draining)
         self._cla_key = ("xds_api.cla", draining)
+        self._leds_cla_key = ("xds_api.cla.leds", draining)
 
     def version(self) -> str:
         return str(self._version)
 
     # ------------------------------------------------------------------ reading
 
-    def get(self, name: str, node_name: str = "") -> EncodedResource | None:
-        """The CLA of `name` as a client on `node_name` would get it, watched or not."""
+    def get(self, name: str, node_name: str = "", *, delta: bool = False
+            ) -> EncodedResource | None:
+        """The CLA of `name` as a client on `node_name` would get it, watched or not;
+        for a delta client, None when the service does not exist (§2.1)."""
         key = self._view_key(name, node_name)
         if key is None:
             return None
         view = self.views.view(key)
         if view is None:
             # Not subscribable (ExternalName) or not watched: no endpoints.
+            if delta and not self._exists(key):
+                return None
             return self._encode_cla(name, None)
+        if delta and not view.exists:
+            return None
         return self.cla_of(view, name)
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
         watch = self._watches.get(sub, {}).get(name)
         if watch is None:
-            return self.get(name, sub.node_name)
-        if watch.view is None:
-            return self._encode_cla(name, None)
-        return self.cla_of(watch.view, name)
+            return self.get(name, sub.node_name, delta=sub.delta)
+        view = watch.view
+        if view is None:  # ExternalName: no endpoints, and no EDS cluster either
+            return None if sub.delta else self._encode_cla(name, None)
+        if sub.delta and not view.exists:
+            return None  # §2.1: deleted (or not created yet) is not "no endpoints"
+        if self.uses_leds(sub, view):
+            return self.leds_cla_of(view, name)
+        return self.cla_of(view, name)
+
+    def uses_leds(self, sub: Subscription, view: View) -> bool:
+        """Whether this subscription gets the View's CLA as LEDS collections (§7)."""
+        if not sub.delta or sub.leds == LEDS_NEVER:
+            return False
+        if sub.leds == LEDS_ALWAYS:
+            return True
+        return 0 < self.leds_threshold <= len(view.snapshot)
 
     def cla_of(self, view: View, name: str) -> EncodedResource:
         """The View's CLA, encoded at most once per View version for every stream."""
         res: EncodedResource = view.cached(self._cla_key, lambda: self._encode_cla(name, view))
         return res
+
+    def leds_cla_of(self, view: View, name: str) -> EncodedResource:
+        """The View's CLA for LEDS clients: one collection per locality (§7.2)."""
+        res: EncodedResource = view.cached(
+            self._leds_cla_key, lambda: self._encode_leds_cla(name, view))
+        return res
+
+    def groups_of(self, view: View) -> Localities:
+        """The View's endpoints, encoded and grouped by locality, once per version:
+        what the CLA, its LEDS form and the LEDS collections are all built from."""
+        groups: Localities = view.cached(self._groups_key, lambda: self._group(view))
+        return groups
 
     def wildcard_names(self) -> Iterable[str]:
         return ()
@@ -102,16 +160,30 @@ class EndpointCache:
     def covers(self, name: str) -> bool:
         return False
 
+    def _group(self, view: View) -> Localities:
+        groups, memo = group_endpoints(view.snapshot.values(), self.draining,
+                                       self._endpoint_memos.get(view), self.metadata)
+        self._endpoint_memos[view] = memo
+        return groups
+
     def _encode_cla(self, name: str, view: View | None) -> EncodedResource:
-        if view is None:
-            res, _ = encode_cla_resource(name, (), self.draining)
-        else:
-            res, memo = encode_cla_resource(name, view.snapshot.values(), self.draining,
-                                            self._endpoint_memos.get(view))
-            self._endpoint_memos[view] = memo
+        body = encode_cla_body(name, self.groups_of(view) if view is not None else {})
+        return self._counted(encode_resource(rt.ENDPOINT, name, body))
+
+    def _encode_leds_cla(self, name: str, view: View) -> EncodedResource:
+        body = encode_leds_cla_body(name, self.groups_of(view),
+                                    lambda locality: leds_collection(name, locality))
+        return self._counted(encode_resource(rt.ENDPOINT, name, body))
+
+    def _counted(self, res: EncodedResource) -> EncodedResource:
         self._version.bump()
         self.metrics.serializations[rt.ENDPOINT].inc()
         return res
+
+    def _exists(self, key: ViewKey) -> bool:
+        # As the View would say: the Service is there and is not an ExternalName.
+        svc = self.views.cluster.services.get(key.service)
+        return svc is not None and svc.type != "ExternalName"
 
     def _view_key(self, name: str, node_name: str) -> ViewKey | None:
         key = parse_resource_name(name, self.cluster_domain)
