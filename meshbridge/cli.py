@@ -260,6 +260,8 @@ def _kube_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 ENV_PREFIX = "MESHBRIDGE_"
+# The pyproject extra each tool needs beyond the server's own dependencies.
+EXTRAS = {"compare": "compare", "shadow": "shadow"}
 _TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
 
 
@@ -419,6 +421,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"meshbridge {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as e:
+        extra = EXTRAS.get(args.command)
+        if args.debug or extra is None or e.name is None:
+            raise
+        print(f"meshbridge {args.command}: error: needs the Python package {e.name!r}, "
+              f"which `serve` does not: pip install 'meshbridge[{extra}]'", file=sys.stderr)
         return 1
     except Exception as e:
         if args.debug:

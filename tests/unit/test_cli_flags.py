@@ -83,3 +83,17 @@ def test_version_prints_the_package_version() -> None:
                           capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout.strip() == f"meshbridge {cli.version()}"
     assert cli.version() != "unknown"
+
+
+def test_a_tool_missing_its_extra_says_which_to_install(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import harness.compare.cli
+
+    def without_matplotlib(_args: argparse.Namespace) -> int:
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(harness.compare.cli, "run", without_matplotlib)
+    assert cli.main(["compare", "scenario.yaml"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["meshbridge compare: error: needs the Python package 'matplotlib', which "
+                   "`serve` does not: pip install 'meshbridge[compare]'"]
