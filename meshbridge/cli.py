@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from bridge.authority import AuthorityError
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
 from bridge.port_sets import PortSpecError, parse_port_set
 from h2grpc.limits import H2Limits, knobs
@@ -422,6 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"meshbridge {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except AuthorityError as e:  # the one name grammar's error, the same for every command
+        if args.debug:
+            raise
+        print(f"meshbridge {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except ModuleNotFoundError as e:
         extra = EXTRAS.get(args.command)
         if args.debug or extra is None or e.name is None:
