@@ -3,6 +3,7 @@ or unreadable, once per change (not once per poll)."""
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from bridge.sources.files import FilesSource
 from tests.unit.builders import service
 
 
-def lines(logs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def lines(logs: list[MutableMapping[str, Any]]) -> list[tuple[str, str]]:
     return [(e["event"], Path(e["file"]).name) for e in logs if "file" in e]
 
 
