@@ -38,7 +38,7 @@ def group_and_resource(path: str) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def applied(kube_apiserver: KubeAPIServer) -> Iterator[client.ApiClient]:
     api = config.new_client_from_config(str(kube_apiserver.kubeconfig_path))
-    for name in ("namespace.yaml", "rbac.yaml", "service.yaml"):
+    for name in ("namespace.yaml", "10-rbac.yaml", "service.yaml"):
         for doc in manifests(name):
             with contextlib.suppress(utils.FailToCreateError):  # already there from a rerun
                 utils.create_from_dict(api, doc)
@@ -47,7 +47,7 @@ def applied(kube_apiserver: KubeAPIServer) -> Iterator[client.ApiClient]:
 
 
 def test_the_cluster_role_grants_exactly_what_the_kube_source_watches() -> None:
-    (role,) = [d for d in manifests("rbac.yaml") if d["kind"] == "ClusterRole"]
+    (role,) = [d for d in manifests("10-rbac.yaml") if d["kind"] == "ClusterRole"]
     granted = {
         (group, resource, verb)
         for rule in role["rules"] for group in rule["apiGroups"]
