@@ -1,26 +1,32 @@
 # The two commands: `make run` serves the bundled demo cluster, `make test` runs every test.
-# Both create .venv and install what they need, so they work on a fresh clone.
+# Both create .venv and install what they need, so they work on a fresh clone; `run`
+# installs only the server's runtime dependencies, the others the extra they need.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# One stamp per extra ("runtime" is none), redone when pyproject.toml changes.
+STAMP = $(VENV)/.installed-$(1)-$(HASH)
 
-.PHONY: run test lint bench protos install clean envtest chromium h2spec helm
+.PHONY: run test lint bench protos install install-test install-dev install-bench clean \
+	envtest chromium h2spec helm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+$(VENV)/.installed-%-$(HASH): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q --disable-pip-version-check -e '.$(if $(filter-out runtime,$*),[$*])'
 	touch $@
 
-install: $(STAMP)
+install: $(call STAMP,runtime)
+install-test: $(call STAMP,test)
+install-dev: $(call STAMP,dev)
+install-bench: $(call STAMP,bench)
 
 run: install
 	$(BIN)/meshbridge serve --source demo
 
-test: install envtest chromium h2spec helm
+test: install-test envtest chromium h2spec helm
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
@@ -43,14 +49,14 @@ chromium:
 	command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check bridge meshbridge h2grpc linkerd_api xds_api harness tests bench fuzz scripts
 	$(BIN)/mypy
 
-bench: install
+bench: install-bench
 	$(BIN)/python -m bench
 
-protos: install
+protos: install-dev
 	$(BIN)/python scripts/gen_protos.py
 
 clean:

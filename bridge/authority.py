@@ -107,3 +107,59 @@ def parse_authority(
     service, instance = parse_service_host(host, cluster_domain)
     return ViewKey(service, port, FilterKey(hostname=instance))
 
+
+
+TARGET_FORMS = ("<svc>.<ns>[:port], <svc>.<ns>.svc[.<domain>][:port], "
+                "<pod>.<svc>.<ns>.svc.<domain>:<port>, outbound|<port>||<host>, or IP:port")
+
+
+def parse_target(text: str, cluster_domain: str = "cluster.local",
+                 default_port: int = 80) -> str:
+    """The one grammar for the names people type to every subcommand (`get`,
+    `profile`, `xds`, `shadow`), as the canonical authority the servers use.
+
+    Short names are completed with `cluster_domain` (`web.emojivoto` ->
+    `web.emojivoto.svc.cluster.local:80`); a full name keeps the domain it names (the
+    server judges it); Istio's cluster names `outbound|80||web.emojivoto.svc.cluster.local`
+    name the same service port (subsets are not served, so one is refused); an IP
+    address with a port stays itself (a Linkerd GetProfile takes one). The port
+    defaults to 80, as in an HTTP authority. AuthorityError quotes the name and says
+    what is wrong with it."""
+    try:
+        return _target(text.strip(), cluster_domain, default_port)
+    except AuthorityError as e:
+        raise AuthorityError(f"name {text!r}: {e}") from None
+
+
+def _target(text: str, cluster_domain: str, default_port: int) -> str:
+    if "|" in text:
+        parts = text.split("|")
+        if len(parts) != 4:
+            raise AuthorityError("an Istio cluster name is outbound|<port>|<subset>|<host>")
+        direction, port_text, subset, host = parts
+        if direction != "outbound":
+            raise AuthorityError(f"{direction!r} clusters name no service; use outbound")
+        if subset:
+            raise AuthorityError(f"subset {subset!r}: meshbridge serves no subsets")
+        if not port_text:
+            raise AuthorityError("missing port")
+        text = f"{host}:{port_text}"
+    host, port = split_authority(text, default_port)
+    if not host:
+        raise AuthorityError("missing host")
+    if is_ip(host):
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    labels = host.split(".")
+    if "" in labels:
+        raise AuthorityError("empty DNS label (a trailing dot, or two dots)")
+    domain = cluster_domain.strip(".").split(".")
+    if len(labels) == 2:
+        labels += ["svc", *domain]
+    elif len(labels) in (3, 4) and labels[-1] == "svc":
+        labels += domain
+    if "svc" not in labels[2:4] or labels[-1] == "svc":
+        raise AuthorityError(f"expected {TARGET_FORMS}")
+    for label in labels:
+        if not _LABEL.match(label):
+            raise AuthorityError(f"{label!r} is not a DNS label")
+    return f"{'.'.join(labels)}:{port}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from bridge.authority import parse_target
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.render import add_client_arguments, describe_update, follow
 
@@ -18,4 +19,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.authority = parse_target(args.authority)  # one grammar for every subcommand
     return follow(args, "Get", dst.Update, describe_update)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from bridge.authority import parse_target
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.render import add_client_arguments, describe_profile, follow
 
@@ -19,4 +20,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.authority = parse_target(args.authority)  # one grammar for every subcommand
     return follow(args, "GetProfile", dst.DestinationProfile, describe_profile)

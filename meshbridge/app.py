@@ -26,7 +26,7 @@ from bridge.sources import Source
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
-from meshbridge import debug, h2metrics
+from meshbridge import debug, exposition, h2metrics
 from meshbridge.admin import AdminServer, Request, Response
 from meshbridge.debug import Renderer
 from meshbridge.host import Host
@@ -289,7 +289,8 @@ class App:
         debug.install(self)
 
     def _metrics(self, _req: Request) -> Response:
-        return Response(200, prometheus_client.generate_latest(self.metrics),
+        # Linkerd's and Istio's counters under their own names (no `_total`).
+        return Response(200, exposition.generate(self.metrics),
                         prometheus_client.CONTENT_TYPE_LATEST)
 
     def _ready(self, _req: Request) -> Response:

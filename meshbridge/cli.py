@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import importlib.util
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -19,12 +21,14 @@ from typing import Any
 
 import structlog
 
+from bridge.authority import AuthorityError
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
 from bridge.port_sets import PortSpecError, parse_port_set
 from h2grpc.limits import H2Limits, knobs
 from meshbridge import gctune, layers
 from meshbridge.limits import Limits
-from meshbridge.log import configure_logging
+from meshbridge.log import LOG_LEVELS, configure_logging
+from meshbridge.startup import StartupError
 
 log = structlog.get_logger("meshbridge.cli")
 
@@ -35,10 +39,12 @@ _POSITIVE = frozenset({"stream_window", "connection_window", "max_header_list", 
 
 
 def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster-domain", default="cluster.local")
+    p.add_argument("--cluster-domain", default="cluster.local",
+                   help="the cluster's DNS domain (service names end in it)")
     p.add_argument("--trust-domain", default=None,
                    help="identity trust domain (default: the cluster domain)")
-    p.add_argument("--controller-namespace", default="linkerd")
+    p.add_argument("--controller-namespace", default="linkerd",
+                   help="namespace of the Linkerd control plane (identities name it)")
     p.add_argument("--default-opaque-ports", default=DEFAULT_OPAQUE_PORTS,
                    help="ports treated as opaque when a pod does not say (Linkerd's default)")
     p.add_argument("--disable-h2-upgrade", action="store_true",
@@ -46,7 +52,8 @@ def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outbound-transport-mode", choices=("transport-header", "transparent"),
                    default="transport-header",
                    help="transport-header: every meshed endpoint gets opaque transport")
-    p.add_argument("--disable-ipv6", action="store_true")
+    p.add_argument("--disable-ipv6", action="store_true",
+                   help="serve no IPv6 endpoint addresses")
     p.add_argument("--ext-endpoint-zone-weights", action="store_true",
                    help="weight same-zone endpoints x10")
     p.add_argument("--meshed-http2-client-params", default=json.dumps(
@@ -89,8 +96,10 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoints-api", choices=("endpointslices", "endpoints"),
                    default="endpointslices",
                    help="kube source: watch EndpointSlices (default) or v1 Endpoints")
-    p.add_argument("--log-format", choices=("json", "console"), default="console")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", choices=("json", "console"), default="console",
+                   help="json: one object a line; console: key=value for a terminal")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                   help="the least severe level logged")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="seconds to let streams end after SIGTERM")
     p.add_argument("--tls-cert", default=None, help="PEM certificate for the gRPC port")
@@ -102,8 +111,10 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
                         "grpc.aio's")
     defaults = Limits()
     p.add_argument("--max-streams-per-connection", type=int,
-                   default=defaults.max_streams_per_connection)
-    p.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes)
+                   default=defaults.max_streams_per_connection,
+                   help="concurrent streams on one HTTP/2 connection")
+    p.add_argument("--max-message-bytes", type=int, default=defaults.max_message_bytes,
+                   help="largest gRPC message taken or sent")
     p.add_argument("--max-streams-per-client", type=int,
                    default=defaults.max_streams_per_client,
                    help="concurrent streams from one client address")
@@ -114,7 +125,7 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     for name, flag, kind, default, help_text in knobs():
         if name not in _LIMITS_FLAGS:
             h2.add_argument(flag, dest=f"h2_{name}", type=kind, default=default,
-                            metavar="N", help=f"{help_text} (default {default})")
+                            metavar="N", help=f"{help_text} (default: %(default)s)")
     add_mesh_arguments(p)
     for mod in layers.layer_modules():
         add = getattr(mod, "add_arguments", None)
@@ -131,9 +142,35 @@ def _run_serve(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     from bridge.sources import SourceSpecError, make_source
     from meshbridge.app import App, ServeOptions, TlsFiles
+    from meshbridge.startup import (
+        check_kube_access,
+        check_listen_address,
+        describe_os_error,
+        load_kube_credentials,
+    )
 
     try:
-        source = make_source(args.source, **_kube_options(args))
+        check_listen_address("--listen", args.listen)
+        check_listen_address("--admin", args.admin)
+    except StartupError as e:
+        log.error(str(e))
+        if args.debug:
+            raise
+        return 2
+    options = _kube_options(args)
+    if args.source == "kube":
+        try:
+            creds = await asyncio.to_thread(load_kube_credentials, args.kubeconfig,
+                                            args.context)
+            await asyncio.to_thread(check_kube_access, creds, args.endpoints_api)
+        except StartupError as e:
+            log.error(str(e))
+            if args.debug:
+                raise
+            return 1
+        options["credentials"] = creds
+    try:
+        source = make_source(args.source, **options)
     except (SourceSpecError, ValueError) as e:
         log.error("bad --source", reason=str(e))
         return 2
@@ -161,21 +198,45 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await app.start(wait_synced=False)
+    try:
+        await app.start(wait_synced=False)
+    except OSError as e:
+        # Which port: the gRPC one is bound first, so no admin port means the gRPC one.
+        flag, addr = ("--admin", args.admin) if app.grpc_port else ("--listen", args.listen)
+        log.error(describe_os_error(flag, addr, e))
+        await app.stop(0)
+        return 1
     waiter = asyncio.create_task(app.wait_synced())
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    failed: BaseException | None = None
     if waiter in done and waiter.exception() is None:
         app.log_summary()
         gctune.settle_heap()
         await stopper
+    elif waiter in done:
+        # The source could not start (it used to be swallowed here: "serving", then
+        # exit 0 with no reason).
+        failed = waiter.exception()
     else:
         waiter.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await waiter
+    if failed is not None:
+        log.error(f"source {args.source} failed before its initial sync: "
+                  f"{_one_line(failed)}")
+        await app.stop(0)
+        if args.debug:
+            raise failed
+        return 1
     log.info("shutting down", grace=args.shutdown_grace)
     await app.stop(args.shutdown_grace)
     return 0
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 def h2_limits(args: argparse.Namespace) -> H2Limits:
@@ -199,21 +260,126 @@ def _kube_options(args: argparse.Namespace) -> dict[str, object]:
             if getattr(args, k, None) is not None}
 
 
+ENV_PREFIX = "MESHBRIDGE_"
+# The pyproject extra each tool needs beyond the server's own dependencies.
+EXTRAS = {"compare": "compare", "shadow": "shadow"}
+_TRUE, _FALSE = frozenset({"true", "1", "yes", "on"}), frozenset({"false", "0", "no", "off"})
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's help ends with its default, unless its text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.default is argparse.SUPPRESS
+                or "%(default)" in text or "(default" in text):
+            return text
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        if action.default is None:
+            return f"{text} (default: unset)"
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every parser shows each flag's default, and a usage mistake is one line (the
+    serve usage alone is forty lines, which buried the reason)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # argparse's signature is NoReturn
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("meshbridge")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
+
+
+def env_name(action: argparse.Action) -> str | None:
+    """MESHBRIDGE_LOG_LEVEL for --log-level; None for what has no long flag."""
+    longs = [o for o in action.option_strings if o.startswith("--")]
+    if not longs or action.default == argparse.SUPPRESS:
+        return None
+    return ENV_PREFIX + longs[0][2:].replace("-", "_").upper()
+
+
+def apply_environment(parser: argparse.ArgumentParser,
+                      environ: dict[str, str] | os._Environ[str]) -> None:
+    """Every flag's default from MESHBRIDGE_<FLAG> when that is set, so that the
+    command line still wins (what a Deployment's env: uses). A value the flag would
+    refuse is refused naming the variable."""
+    for action in parser._actions:
+        name = env_name(action)
+        if name is None or name not in environ:
+            continue
+        text = environ[name]
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            word = text.strip().lower()
+            if word not in _TRUE | _FALSE:
+                parser.exit(2, f"{parser.prog}: error: {name}={text!r}: expected true or "
+                               "false (1 or 0)\n")
+            # store_true's const is True, store_false's False: "true" means "as if given".
+            action.default = action.const if word in _TRUE else not action.const
+            continue
+        if not isinstance(action, argparse._StoreAction) or action.nargs not in (None, "?"):
+            continue  # no such flag today; a list would need a grammar of its own
+        try:
+            value: Any = action.type(text) if callable(action.type) else text
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
+            parser.exit(2, f"{parser.prog}: error: {name}={text!r}: {e}\n")
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            parser.exit(2, f"{parser.prog}: error: {name}={text!r}: expected one of "
+                           f"{choices}\n")
+        action.default = value
+
+
+# Help for flags that several subcommands take with one meaning, given where a
+# subcommand's own add_arguments leaves it out (so that every flag has help text).
+SHARED_HELP = {
+    "--node-id": "the xDS node id sent in every request",
+    "--cluster-domain": "the cluster's DNS domain (short names are expanded with it)",
+    "--log-level": "the least severe level logged",
+}
+
+
+def _fill_help(p: argparse.ArgumentParser) -> None:
+    for action in p._actions:
+        if action.help is None:
+            action.help = next((SHARED_HELP[o] for o in action.option_strings
+                                if o in SHARED_HELP), None)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true",
+                   help="on a failure, print the traceback as well as the reason")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `command`'s module is imported (every subcommand is listed)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="meshbridge",
         description="One Kubernetes endpoint truth, served over Linkerd's destination API "
-                    "and Envoy's xDS.",
+                    "and Envoy's xDS. Every flag can also be set as MESHBRIDGE_<FLAG> "
+                    "(e.g. MESHBRIDGE_LOG_LEVEL=debug); the command line wins.",
     )
+    parser.add_argument("--version", action="version", version=f"meshbridge {version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help=SERVE_HELP)
+    serve = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_HELP)
+    _add_common(serve)
     if command == "serve":
         _add_serve(serve)
     for name, cmd in layers.COMMANDS.items():
         if importlib.util.find_spec(cmd.module.split(".")[0]) is None:
             continue  # that part of meshbridge is not installed
-        p = sub.add_parser(name, help=cmd.help)
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        _add_common(p)
         if name != command:
             continue
         mod = layers.load_optional(cmd.module)
@@ -221,13 +387,28 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         add: Callable[[argparse.ArgumentParser], None] = mod.add_arguments
         add(p)
+        _fill_help(p)
         p.set_defaults(func=mod.run)
     return parser
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def parse_args(argv: Sequence[str],
+               environ: dict[str, str] | os._Environ[str] | None = None) -> argparse.Namespace:
     command = next((a for a in argv if not a.startswith("-")), None)
-    return build_parser(command).parse_args(argv)
+    parser = build_parser(command)
+    environ = os.environ if environ is None else environ
+    apply_environment(parser, environ)
+    chosen = subparsers(parser).get(command or "")
+    if chosen is not None:
+        apply_environment(chosen, environ)
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -237,6 +418,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except KeyboardInterrupt:
         return 130
+    except StartupError as e:
+        if args.debug:
+            raise
+        print(f"meshbridge {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except AuthorityError as e:  # the one name grammar's error, the same for every command
+        if args.debug:
+            raise
+        print(f"meshbridge {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:
+        extra = EXTRAS.get(args.command)
+        if args.debug or extra is None or e.name is None:
+            raise
+        print(f"meshbridge {args.command}: error: needs the Python package {e.name!r}, "
+              f"which `serve` does not: pip install 'meshbridge[{extra}]'", file=sys.stderr)
+        return 1
+    except Exception as e:
+        if args.debug:
+            raise
+        # An ordinary failure is one line; --debug shows where it came from.
+        print(f"meshbridge {args.command}: error: {type(e).__name__}: {_one_line(e)} "
+              "(--debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

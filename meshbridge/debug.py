@@ -3,7 +3,10 @@
     /                      a small HTML page linking the rest, views and streams at a glance
     /debug/views           every View: key, version, endpoint counts, subscribers by protocol
     /debug/streams         every client stream: protocol, peer, client, subscriptions,
-                           last version sent, last ACK / NACK (like istiod's /debug/syncz)
+                           last version sent, last ACK / NACK
+    /debug/syncz           per client stream and type (xDS) or target (Linkerd): version
+                           sent, version ACKed, SYNCED / STALE / NACKED (istiod's syncz;
+                           `meshbridge status` prints it as a table)
     /debug/endpoints?authority=<svc>.<ns>.svc.<domain>:<port>[&node=<node>]
                            that target's View as each protocol layer encodes it, side by
                            side, with any difference in the endpoint sets flagged
@@ -71,6 +74,8 @@ def install(app: App) -> None:
     app.admin.route("/debug/streams", lambda req: _no_params(req) or _json(
         200, [s.as_json() for s in app.streams.all()]))
     app.admin.route("/debug/endpoints", lambda req: _endpoints(app, req))
+    app.admin.route("/debug/syncz", lambda req: _no_params(req) or _json(
+        200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)]))
 
 
 class _Probe:
@@ -122,44 +127,86 @@ def _endpoints(app: App, req: Request) -> Response:
     })
 
 
+def _cell(value: object) -> str:
+    return f"<td>{html.escape(str(value))}</td>"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+
+
+def port_rows(app: App) -> list[dict[str, Any]]:
+    """Each service port: endpoints (ready/draining), its View version and its
+    subscribers by protocol, counted over every View of the port (a node-aware client
+    subscribes to a View of its own node, and used to be left out)."""
+    subscribers: dict[tuple[Any, int], dict[str, int]] = {}
+    versions: dict[tuple[Any, int], str] = {}
+    for view in app.views.views():
+        at = (view.key.service, view.key.port)
+        into = subscribers.setdefault(at, {})
+        for protocol, n in view.subscriber_counts().items():
+            into[protocol] = into.get(protocol, 0) + n
+        if not view.key.filter.node_name and not view.key.filter.hostname:
+            versions[at] = str(view.version)
+    rows = []
+    types = {k: svc.type for k, svc in app.cluster.services.items()}
+    for service, port, ready, total in app.service_port_summary():
+        key = next(k for k in app.cluster.services if str(k) == service)
+        rows.append({"service": service, "port": port, "type": types[key],
+                     "authority": format_authority(key, port, app.config.cluster_domain),
+                     "ready": ready, "draining": total - ready,
+                     "version": versions.get((key, port), ""),
+                     "subscribers": subscribers.get((key, port), {})})
+    return rows
+
+
 def _index(app: App, req: Request) -> Response:
     if req.path != "/":
         return Response.text(404, "no such page")
     if req.query:
         return Response.text(400, f"unknown query parameter {sorted(req.query)[0]!r}")
-    domain = app.config.cluster_domain
+    ports = port_rows(app)
     rows = []
-    for key, svc in sorted(app.cluster.services.items()):
-        for sp in svc.ports:
-            authority = format_authority(key, sp.port, domain)
-            view = app.views.view(ViewKey(key, sp.port))
-            subs = view.subscriber_counts() if view is not None else {}
-            link = f"/debug/endpoints?authority={html.escape(authority)}"
-            rows.append(
-                f"<tr><td>{html.escape(str(key))}</td><td>{sp.port}</td>"
-                f"<td>{html.escape(svc.type)}</td>"
-                f"<td><a href=\"{link}\">{html.escape(authority)}</a></td>"
-                f"<td>{html.escape(json.dumps(subs, sort_keys=True))}</td></tr>")
-    streams = "".join(
-        f"<tr><td>{s.id}</td><td>{html.escape(s.protocol)}</td><td>{html.escape(s.peer)}</td>"
-        f"<td>{html.escape(s.client[:80])}</td><td>{s.messages_sent}</td></tr>"
-        for s in app.streams.all())
+    for r in ports:
+        link = f"/debug/endpoints?authority={html.escape(r['authority'])}"
+        rows.append(
+            f"<tr>{_cell(r['service'])}{_cell(r['port'])}{_cell(r['type'])}"
+            f"<td><a href=\"{link}\">{html.escape(r['authority'])}</a></td>"
+            f"{_cell(r['ready'])}{_cell(r['draining'])}{_cell(r['version'] or '-')}"
+            f"{_cell(_counts(r['subscribers']))}</tr>")
+    streams = []
+    for s in sorted(app.streams.all(), key=lambda s: s.id):
+        sync = s.syncz()
+        behind = f"{sync['behind_seconds']:g}s"
+        per_type: dict[str, dict[str, Any]] = sync["types"] or {"-": {}}
+        for name, t in per_type.items():
+            streams.append(
+                f"<tr>{_cell(s.id)}{_cell(s.protocol)}{_cell(s.peer)}{_cell(s.client[:80])}"
+                f"{_cell(sync['started'])}{_cell(name)}{_cell(t.get('sent') or '-')}"
+                f"{_cell(t.get('sent_at') or '-')}{_cell(t.get('acked') or '-')}"
+                f"{_cell(t.get('nack') or '-')}{_cell(t.get('state', '-'))}"
+                f"{_cell(behind)}</tr>")
+    subscribed = sum(sum(r["subscribers"].values()) for r in ports)
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>meshbridge</title>
 <style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:2px 10px;text-align:left}}
+table{{border-collapse:collapse}}th{{border-bottom:1px solid #999}}
 tr:nth-child(even){{background:#f3f3f3}}</style></head>
 <body><h1>meshbridge</h1>
 <p>source <b>{html.escape(app.source.name)}</b> &middot;
 {len(app.cluster.services)} services &middot; {len(app.views.views())} views &middot;
-{len(app.streams)} streams &middot;
+{len(app.streams)} streams ({html.escape(_counts(app.streams.counts()))}) &middot;
+{subscribed} subscriptions &middot;
 <a href="/debug/views">/debug/views</a> &middot; <a href="/debug/streams">/debug/streams</a>
+&middot; <a href="/debug/syncz">/debug/syncz</a>
 &middot; <a href="/metrics">/metrics</a> &middot; <a href="/ready">/ready</a></p>
 <h2>Service ports</h2>
 <table id="services"><tr><th>service</th><th>port</th><th>type</th><th>authority</th>
-<th>subscribers</th></tr>{"".join(rows)}</table>
-<h2>Streams</h2>
+<th>ready</th><th>draining</th><th>version</th><th>subscribers</th></tr>{"".join(rows)}</table>
+<h2>Clients</h2>
 <table id="streams"><tr><th>id</th><th>protocol</th><th>peer</th><th>client</th>
-<th>messages</th></tr>{streams}</table>
+<th>connected</th><th>type / target</th><th>sent</th><th>sent at</th><th>ACKed</th>
+<th>NACK</th><th>state</th><th>behind</th></tr>{"".join(streams)}</table>
 </body></html>
 """
     return Response(200, page.encode(), "text/html; charset=utf-8")

@@ -35,6 +35,7 @@ COMMANDS: dict[str, Command] = {
     "xds": Command("xds_api.client", "print what an xDS (ADS) subscription receives"),
     "compare": Command("harness.compare.cli", "run a comparison scenario over both protocols"),
     "shadow": Command("harness.shadow.cli", "compare two control planes' answers continuously"),
+    "status": Command("meshbridge.status", "print every client's sync state (/debug/syncz)"),
 }
 
 

@@ -19,6 +19,10 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
+# What --log-level takes; anything else is refused at start (it used to mean "info").
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 def configure_logging(fmt: str = "console", level: str = "info") -> None:
     renderer: structlog.typing.Processor
     if fmt == "json":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import prometheus_client
@@ -19,6 +20,17 @@ from meshbridge.loopmetrics import LoopHistogram
 # Change-to-convergence: from the View version a client must learn to the moment it is
 # caught up — written for Linkerd (no ACKs in its protocol), ACKed for xDS.
 CONVERGENCE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+def human_time(at: float) -> str | None:
+    """A wall-clock time as people read it (UTC, to the second); None for never."""
+    if not at:
+        return None
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# Sync states, as istioctl proxy-status words them.
+SYNCED, STALE, NACKED, NOT_SENT, SENT = "SYNCED", "STALE", "NACKED", "NOT SENT", "SENT"
 
 
 @dataclass(slots=True)
@@ -33,6 +45,17 @@ class TypeState:
     last_ack_at: float = 0.0
     last_nack_error: str = ""
     last_nack_at: float = 0.0
+
+    def sync_state(self, acks: bool) -> str:
+        """SYNCED when the client ACKed what it was last sent, STALE while an ACK is
+        due, NACKED when it refused the last; without ACKs (Linkerd), SENT."""
+        if not self.last_sent_version:
+            return NOT_SENT
+        if not acks:
+            return SENT
+        if self.last_nack_at > self.last_ack_at:
+            return NACKED
+        return SYNCED if self.last_ack_version == self.last_sent_version else STALE
 
 
 @dataclass(slots=True)
@@ -82,23 +105,58 @@ class StreamInfo:
         st = self.state(type_name)
         st.last_nack_error, st.last_nack_at = error, time.time()
 
+    @property
+    def acks(self) -> bool:
+        """Whether the protocol has ACKs (xDS) or not (Linkerd's destination API)."""
+        return self.protocol.startswith("xds")
+
+    def behind(self, now: float | None = None) -> float:
+        """Seconds since the oldest View change this stream has not caught up on."""
+        if not self.pending_since:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - self.pending_since)
+
+    def syncz(self) -> dict[str, Any]:
+        """What /debug/syncz says of this stream (istiod's syncz, and per Linkerd
+        stream its equivalent): per type or target, version sent, version ACKed, state."""
+        return {
+            "id": self.id,
+            "protocol": self.protocol,
+            "peer": self.peer,
+            "client": self.client,
+            "started": human_time(self.started_at),
+            "behind_seconds": round(self.behind(), 3),
+            "types": {
+                name: {"subscribed": list(st.subscribed),
+                       "sent": st.last_sent_version, "sent_at": human_time(st.last_sent_at),
+                       "acked": st.last_ack_version if self.acks else None,
+                       "acked_at": human_time(st.last_ack_at),
+                       "nack": st.last_nack_error or None,
+                       "state": st.sync_state(self.acks)}
+                for name, st in sorted(self.types.items())
+            },
+        }
+
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "protocol": self.protocol,
             "peer": self.peer,
             "client": self.client,
-            "started_at": self.started_at,
+            "started_at": human_time(self.started_at),
             "messages_sent": self.messages_sent,
             "bytes_sent": self.bytes_sent,
             "types": {
                 name: {
                     "subscribed": list(st.subscribed),
                     "last_sent": {"version": st.last_sent_version, "nonce": st.last_sent_nonce,
-                                  "at": st.last_sent_at or None},
-                    "last_ack": {"version": st.last_ack_version, "at": st.last_ack_at or None},
-                    "last_nack": ({"error": st.last_nack_error, "at": st.last_nack_at}
+                                  "at": human_time(st.last_sent_at)},
+                    "last_ack": {"version": st.last_ack_version,
+                                 "at": human_time(st.last_ack_at)},
+                    "last_nack": ({"error": st.last_nack_error,
+                                   "at": human_time(st.last_nack_at)}
                                   if st.last_nack_at else None),
+                    "state": st.sync_state(self.acks),
                 }
                 for name, st in sorted(self.types.items())
             },

@@ -35,9 +35,9 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
+from bridge.authority import parse_target
 from meshbridge.client_tls import add_tls_arguments, aio_channel
 from xds_api import resource_types as rt
-from xds_api.names import expand_short_name
 from xds_api.resources import METADATA_NAMESPACE
 
 _MESSAGES: dict[str, Any] = {
@@ -79,7 +79,7 @@ def _key_value(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     type_url = rt.BY_SHORT[args.type]
-    names = [expand_short_name(n, args.cluster_domain) for n in args.names]
+    names = [parse_target(n, args.cluster_domain) for n in args.names]  # one grammar
     if not names and type_url not in rt.WILDCARD_CAPABLE:
         print(f"meshbridge xds: --type {args.type} needs at least one NAME", file=sys.stderr)
         return 2
@@ -114,6 +114,10 @@ async def _watch(args: argparse.Namespace, type_url: str, names: list[str],
                     print("meshbridge xds: the server ended the stream", file=sys.stderr)
                     return 1
                 seen += 1
+                if seen == 1 and not resp.resources:  # a query that matches nothing says so
+                    print(f"meshbridge xds: no {args.type} resource matches "
+                          f"{' '.join(names) or '*'}", file=sys.stderr)
+                    return 1
                 out.write(render_json(resp) + "\n" if args.json else render_text(resp))
                 out.flush()
                 await call.write(_ack(resp, type_url, names, args.delta))

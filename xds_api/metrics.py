@@ -1,7 +1,8 @@
 """The xDS layer's metrics, registered on the App's registry.
 
-Names follow Istio's pilot metrics where the meaning is the same (prometheus-client
-adds `_total` to counters); the rest are meshbridge's own.
+Names follow Istio's pilot metrics where the meaning is the same (/metrics writes
+those counters without the `_total` prometheus-client adds: meshbridge/exposition.py);
+the rest are meshbridge's own, `meshbridge_*`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class XdsMetrics:
         streams = Gauge("pilot_xds", "Connected xDS streams.", ["api"], registry=reg)
         # Counted once per response per stream, on the loop thread: lock-free.
         pushes = LoopCounter("pilot_xds_pushes", "xDS responses sent.", ["type"], registry=reg)
-        push_bytes = LoopCounter("pilot_xds_push_bytes", "Bytes of xDS responses sent.",
+        push_bytes = LoopCounter("meshbridge_xds_push_bytes", "Bytes of xDS responses sent.",
                                  ["type"], registry=reg)
         rejects = Counter("pilot_total_xds_rejects",
                           "xDS responses rejected by clients (NACKs).", ["type"],

@@ -4,6 +4,8 @@ Every `*.yaml`, `*.yml` and `*.json` file below the folder is read as a stream o
 documents (`kind: List` items included). The folder is polled, which is portable and
 costs one `stat` per file per tick; a change is seen within `poll_interval`.
 
+Every file added, changed, removed or unreadable is one log line naming it.
+
 Bad input never loses good state: a file that does not parse keeps the objects it
 last parsed to (the error names the file and line); an object that does not decode is
 logged with its file and name and skipped, and the rest of the file is used.
@@ -150,7 +152,7 @@ class FilesSource:
             try:
                 st = path.stat()
             except OSError:
-                continue
+                continue  # gone since the listing: the next tick sees it removed
             stamp = (st.st_mtime_ns, st.st_size)
             old = self._files.get(path)
             if old is not None and old.stamp == stamp:
@@ -173,10 +175,15 @@ class FilesSource:
             except (OSError, UnicodeDecodeError) as e:
                 log.error("manifest file unreadable; keeping its last good state",
                           file=str(path), reason=str(e))
+                self._files[path] = _FileState(stamp, old.objects if old else {})
                 continue
+            log.info("manifest file added" if old is None else "manifest file changed",
+                     file=str(path), objects=len(objects))
             self._files[path] = _FileState(stamp, objects)
             changed = True
-        for gone in set(self._files) - seen:
+        for gone in sorted(set(self._files) - seen):
+            log.info("manifest file removed", file=str(gone),
+                     objects=len(self._files[gone].objects))
             del self._files[gone]
             changed = True
         return changed

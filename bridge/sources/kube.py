@@ -123,12 +123,30 @@ def load_credentials(kubeconfig: str | None = None, context: str | None = None) 
     KUBECONFIG / ~/.kube/config, as kubectl does."""
     from kubernetes import client, config  # imported lazily: heavy, and only needed here
 
+    from bridge.sources import SourceSpecError
+
     cfg = client.Configuration()
     if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=cfg)
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException as e:
+            raise SourceSpecError(f"kube source: in-cluster config: {e}") from e
     else:
-        config.load_kube_config(config_file=kubeconfig, context=context,
-                                client_configuration=cfg)
+        # The errors name the file and the context looked for (the library's do not).
+        path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        wanted = f"context {context!r}" if context else "its current-context"
+        files = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
+        if not any(os.path.isfile(f) for f in files):
+            raise SourceSpecError(f"kube source: kubeconfig {path}: no such file (give "
+                                  "--kubeconfig, or set KUBECONFIG)")
+        try:
+            config.load_kube_config(config_file=kubeconfig, context=context,
+                                    client_configuration=cfg)
+        except Exception as e:  # the library raises more than ConfigException for bad files
+            reason = str(e).removeprefix("Invalid kube-config file. ")
+            if context and f"name {context} in" in reason:
+                reason = "no such context"
+            raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {reason}") from e
     headers = {"Accept": "application/json", "User-Agent": "meshbridge"}
     # Client versions differ in the key they file the bearer token under.
     token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")

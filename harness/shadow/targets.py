@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from xds_api.names import expand_short_name
+from bridge.authority import parse_target
 
 
 def read_targets(path: Path, cluster_domain: str) -> list[str]:
@@ -14,7 +14,7 @@ def read_targets(path: Path, cluster_domain: str) -> list[str]:
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            out.append(expand_short_name(line, cluster_domain))
+            out.append(parse_target(line, cluster_domain))  # one grammar
     return list(dict.fromkeys(out))
 
 

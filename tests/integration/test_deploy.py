@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import structlog
 import yaml
-from kubernetes import client, config, utils
+from kubernetes import client, config, dynamic, utils
+from kubernetes.client.rest import ApiException
 
 from bridge.cluster import Cluster
 from bridge.sources.kube import KINDS, POLICY_KINDS, KubeSource, watched_kinds
@@ -38,7 +39,7 @@ def group_and_resource(path: str) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def applied(kube_apiserver: KubeAPIServer) -> Iterator[client.ApiClient]:
     api = config.new_client_from_config(str(kube_apiserver.kubeconfig_path))
-    for name in ("namespace.yaml", "rbac.yaml", "service.yaml"):
+    for name in ("00-namespace.yaml", "10-rbac.yaml", "20-service.yaml"):
         for doc in manifests(name):
             with contextlib.suppress(utils.FailToCreateError):  # already there from a rerun
                 utils.create_from_dict(api, doc)
@@ -46,8 +47,44 @@ def applied(kube_apiserver: KubeAPIServer) -> Iterator[client.ApiClient]:
     api.close()
 
 
+def test_the_folder_applies_in_one_kubectl_apply(applied: client.ApiClient) -> None:
+    """`kubectl apply -f deploy/` takes the folder's manifests in file-name order: each
+    namespaced object must come after its Namespace (it used to sort before it), and
+    every one applies server-side in that order."""
+    files = sorted(DEPLOY.glob("*.yaml"))  # what kubectl reads of the folder (no -R)
+    assert [f.name for f in files] == ["00-namespace.yaml", "10-rbac.yaml",
+                                       "20-service.yaml", "30-deployment.yaml"]
+    created: set[str] = set()
+    docs = [d for f in files for d in manifests(f.name)]
+    for doc in docs:
+        ns = doc["metadata"].get("namespace")
+        assert ns is None or ns in created, f"{doc['kind']} before its namespace {ns}"
+        if doc["kind"] == "Namespace":
+            created.add(doc["metadata"]["name"])
+    resources = dynamic.DynamicClient(applied).resources
+    for doc in docs:
+        resources.get(api_version=doc["apiVersion"], kind=doc["kind"]).server_side_apply(
+            body=doc, name=doc["metadata"]["name"], namespace=doc["metadata"].get("namespace"),
+            field_manager="meshbridge-test", force_conflicts=True, dry_run="All")
+
+
+def test_the_deployments_pod_passes_pod_security_restricted(
+        applied: client.ApiClient) -> None:
+    core = client.CoreV1Api(applied)
+    ns = "meshbridge-plain-restricted"
+    with contextlib.suppress(ApiException):  # there from a rerun
+        core.create_namespace({"metadata": {"name": ns, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted"}}})
+    (deployment,) = manifests("30-deployment.yaml")
+    template = deployment["spec"]["template"]
+    core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod",
+                                    "metadata": {"name": "plain-manifest",
+                                                 "labels": template["metadata"]["labels"]},
+                                    "spec": template["spec"]}, dry_run="All")
+
+
 def test_the_cluster_role_grants_exactly_what_the_kube_source_watches() -> None:
-    (role,) = [d for d in manifests("rbac.yaml") if d["kind"] == "ClusterRole"]
+    (role,) = [d for d in manifests("10-rbac.yaml") if d["kind"] == "ClusterRole"]
     granted = {
         (group, resource, verb)
         for rule in role["rules"] for group in rule["apiGroups"]
@@ -83,7 +120,7 @@ def test_the_api_server_enforces_that_role(applied: client.ApiClient) -> None:
 
 
 def test_the_deployment_passes_server_side_validation(applied: client.ApiClient) -> None:
-    (deployment,) = manifests("deployment.yaml")
+    (deployment,) = manifests("30-deployment.yaml")
     created = client.AppsV1Api(applied).create_namespaced_deployment(
         "meshbridge", deployment, dry_run="All")
     container = created.spec.template.spec.containers[0]

@@ -1,5 +1,6 @@
 """The container's entrypoint, run as the image would run it (no Docker engine here:
-the command line is read from deploy/Dockerfile and run against the test API server)."""
+the command line is read from deploy/Dockerfile and run against the test API server),
+and its build stage's wheel, built as that stage builds it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 
 from tests.integration import kubeapi
@@ -53,12 +55,66 @@ def test_dockerfile_is_non_root_and_exposes_both_ports() -> None:
     assert instruction("CMD")[:3] == ["serve", "--source", "kube"]
 
 
+def stages() -> list[list[str]]:
+    """The Dockerfile's instructions, one list per FROM."""
+    out: list[list[str]] = []
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("FROM "):
+            out.append([])
+        if line and not line.startswith("#") and out:
+            out[-1].append(line)
+    return out
+
+
 def test_everything_the_dockerfile_copies_is_in_the_tree() -> None:
     # The package's data (the demo cluster) lives inside the packages it copies.
     sources = [s for line in DOCKERFILE.read_text().splitlines()
-               if line.startswith("COPY ") for s in line.split()[1:-1]]
+               if line.startswith("COPY ") and "--from=" not in line
+               for s in line.split()[1:-1]]
     missing = [s for s in sources if not (DOCKERFILE.parents[1] / s).exists()]
     assert sources and missing == [], missing
+    assert "LICENSE" in sources
+
+
+def test_the_image_installs_the_wheel_its_build_stage_builds() -> None:
+    build, final = stages()
+    assert build[0].endswith(" AS build")
+    assert any(line.startswith("RUN pip wheel ") for line in build)
+    # The final stage has no source tree: only the wheel comes in, from the build stage.
+    copies = [line for line in final if line.startswith("COPY ")]
+    assert copies and all(line.startswith("COPY --from=build ") for line in copies)
+    assert any(line.startswith("RUN pip install ") and ".whl" in line for line in final)
+
+
+def test_the_build_stage_command_makes_a_wheel_with_the_license_and_the_demo(
+        tmp_path: Path) -> None:
+    build = stages()[0]
+    src = tmp_path / "src"
+    src.mkdir()
+    for line in build:
+        if line.startswith("COPY "):
+            *what, dest = line.split()[1:]
+            for name in what:
+                path = DOCKERFILE.parents[1] / name
+                target = src / (dest if dest not in ("./", ".") else name).removeprefix("./")
+                if path.is_dir():
+                    shutil.copytree(path, target,
+                                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                else:
+                    shutil.copy2(path, src / name)
+    (command,) = [line.removeprefix("RUN ").split() for line in build
+                  if line.startswith("RUN pip wheel ")]
+    dist = tmp_path / "dist"
+    argv = [sys.executable, "-m", *command]
+    argv[argv.index("--wheel-dir") + 1] = str(dist)
+    # The tree's own setuptools builds it here (the image's stage fetches its own).
+    argv.append("--no-build-isolation")
+    subprocess.run(argv, cwd=src, check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("meshbridge-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    assert any(n.startswith("bridge/sources/demo/") and n.endswith(".yaml") for n in names)
+    assert any(n.endswith(".dist-info/entry_points.txt") for n in names)
 
 
 def test_the_entrypoint_serves_the_kube_source_until_sigterm(

@@ -67,7 +67,7 @@ def test_tls_values_mount_the_secret_and_pass_the_flags(helm: str) -> None:
 
 def test_the_charts_role_is_deploy_rbac_yaml_s(helm: str) -> None:
     (ours,) = [d for d in render(helm) if d["kind"] == "ClusterRole"]
-    plain = [d for d in yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()) if d]
+    plain = [d for d in yaml.safe_load_all((REPO / "deploy" / "10-rbac.yaml").read_text()) if d]
     (theirs,) = [d for d in plain if d["kind"] == "ClusterRole"]
     assert ours["rules"] == theirs["rules"]
 

@@ -96,9 +96,11 @@ async def test_get_json_is_one_object_per_message_with_readable_addresses(
 
 async def test_get_reports_a_refusal_and_exits_1(make_app: AppFactory, demo_dir: Path) -> None:
     app = await make_app(demo_dir)
-    rc, out, err = await run(app, "get", "web.emojivoto")
+    # A name of another cluster domain: the grammar takes it, the server refuses it.
+    rc, out, err = await run(app, "get", "web.emojivoto.svc.example.org:80")
     assert rc == 1 and out == ""
-    assert err.startswith("error: INVALID_ARGUMENT: Invalid authority: web.emojivoto")
+    assert err.startswith(
+        "error: INVALID_ARGUMENT: Invalid authority: web.emojivoto.svc.example.org:80")
 
 
 async def test_get_with_a_timeout_prints_what_came_and_exits_0(

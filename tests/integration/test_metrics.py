@@ -90,8 +90,8 @@ async def test_metrics_series_move_as_clients_follow_a_change(
     eds = dict(type="eds")
     pushes = value(after, "pilot_xds_pushes_total", **eds) - \
         value(before, "pilot_xds_pushes_total", **eds)
-    pushed = value(after, "pilot_xds_push_bytes_total", **eds) - \
-        value(before, "pilot_xds_push_bytes_total", **eds)
+    pushed = value(after, "meshbridge_xds_push_bytes_total", **eds) - \
+        value(before, "meshbridge_xds_push_bytes_total", **eds)
     assert pushes == 1 and pushed > 0
     assert value(after, "pilot_total_xds_rejects_total") == 0
     assert value(after, "meshbridge_convergence_seconds_sum") < 10

@@ -131,13 +131,17 @@ async def test_the_two_semantics_are_told_apart_from_endpoint_differences(
         "rejected": [grpc.StatusCode.INVALID_ARGUMENT],
         "theirs-rejects": [grpc.StatusCode.INVALID_ARGUMENT],
     }
+    # --targets takes names in the one name grammar: each script as a service's name.
+    name = {k: f"{k}.shadow.svc.cluster.local:80" for k in ours}
+    ours, theirs = ({name[k]: v for k, v in d.items()} for d in (ours, theirs))
     targets = tmp_path / "targets"
     targets.write_text("\n".join(ours) + "\n")
     async with destination(ours) as o, destination(theirs) as t:
         run = ShadowRun("--api", "linkerd", "--ours", o, "--theirs", t,
                         "--targets", str(targets))
-        latest = await run.until(run.settled, "every target compared")
+        settled = await run.until(run.settled, "every target compared")
         rc, summary = await run.finish()
+    latest = {k.split(".", 1)[0]: v for k, v in settled.items()}
     assert {k: e["status"] for k, e in latest.items()} == {
         "empty": "semantics", "gone": "semantics", "drained": "semantics", "same": "equal",
         "extra": "differs", "found-only-here": "missing", "rejected": "equal",
@@ -160,16 +164,18 @@ async def test_the_two_semantics_are_told_apart_from_endpoint_differences(
 
 
 async def test_a_not_found_target_is_resubscribed_until_it_exists(tmp_path: Path) -> None:
-    scripts: dict[str, Sequence[Step]] = {"t": [grpc.StatusCode.NOT_FOUND]}
+    name = "t.shadow.svc.cluster.local:80"  # a name in the one name grammar
+    scripts: dict[str, Sequence[Step]] = {name: [grpc.StatusCode.NOT_FOUND]}
     targets = tmp_path / "targets"
-    targets.write_text("t\n")
-    async with destination({"t": [add("10.0.0.1")]}) as o, destination(scripts) as t:
+    targets.write_text(f"{name}\n")
+    async with destination({name: [add("10.0.0.1")]}) as o, destination(scripts) as t:
         run = ShadowRun("--api", "linkerd", "--ours", o, "--theirs", t,
                         "--targets", str(targets))
-        await run.until(lambda: (s := run.settled()) and s["t"]["status"] == "missing",
+        await run.until(lambda: (s := run.settled()) and s[name]["status"] == "missing",
                         "missing on theirs")
-        scripts["t"] = [add("10.0.0.1")]  # the service appears on theirs
-        agreed = await run.until(lambda: [e for e in run.events("t") if e["status"] == "equal"],
+        scripts[name] = [add("10.0.0.1")]  # the service appears on theirs
+        agreed = await run.until(lambda: [e for e in run.events(name)
+                                          if e["status"] == "equal"],
                                  "agreed once it exists")
         rc, _ = await run.finish()
     assert agreed[0]["time_to_agree_ms"] > 0

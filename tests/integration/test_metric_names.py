@@ -1,0 +1,57 @@
+"""/metrics writes Linkerd's and Istio's counters under the names those control planes
+expose (no `_total`), so their dashboards and alerts find them; the list is taken from
+Linkerd 2.20's destination controller and istiod's pilot sources (docs/metrics.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from meshbridge import exposition
+
+# Counters as the upstream sources name them (read from linkerd/linkerd2
+# controller/api/destination and istio/istio pilot/pkg/xds, pilot/pkg/model).
+LINKERD = {"endpoint_updates_queue_overflow", "profile_updates_queue_overflow",
+           "endpoint_profile_updates_queue_overflow", "endpoints_updates"}
+ISTIO = {"pilot_xds_pushes", "pilot_total_xds_rejects", "pilot_xds_expired_nonce",
+         "pilot_xds_write_timeout"}
+# Gauges and histograms keep their names in every client library.
+LINKERD_OTHERS = {"endpoints_subscribers", "endpoints_pods", "endpoints_exists"}
+ISTIO_OTHERS = {"pilot_xds"}
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
+        return str(r.read().decode())
+
+
+def test_the_upstream_list_is_the_one_the_exposition_uses() -> None:
+    assert exposition.LINKERD_COUNTERS == LINKERD
+    assert exposition.ISTIO_COUNTERS == ISTIO
+
+
+async def test_linkerd_and_istio_counters_have_their_upstream_names(
+        make_app: Any, demo_dir: Path) -> None:
+    app = await make_app(demo_dir)
+    text = await asyncio.to_thread(scrape, app.admin_port)
+    types = {line.split()[2]: line.split()[3] for line in text.splitlines()
+             if line.startswith("# TYPE ")}
+    for name in LINKERD | ISTIO:
+        assert types.get(name) == "counter", name
+        assert f"{name}_total" not in text and f"{name}_created" not in text, name
+    for name in LINKERD_OTHERS | ISTIO_OTHERS:
+        assert name in types, name
+    # Every pilot_* family is one istiod has; meshbridge's own are meshbridge_*.
+    assert {n for n in types if n.startswith("pilot_")} <= ISTIO | ISTIO_OTHERS
+    # The series are written under the plain name, and a Prometheus text parser reads
+    # them as counters (prometheus_client's parser files counter samples as `_total`).
+    assert "\npilot_xds_write_timeout 0.0\n" in text  # a counter without labels
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["pilot_xds_write_timeout"].type == "counter"
+    assert [s.value for s in families["pilot_xds_write_timeout"].samples] == [0.0]
+    # The gRPC counters are go-grpc-prometheus', which do end in _total.
+    assert types.get("grpc_server_started_total") == "counter"

@@ -1,0 +1,101 @@
+"""What an operator sees of a node-aware Linkerd client and an xDS client: the admin
+page's tables (in headless Chromium), /debug/syncz, and `meshbridge status`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+
+from linkerd_api.proto import destination_pb2 as dst
+from meshbridge.app import App
+from tests.conftest import AppFactory
+from tests.integration.test_admin_browser import dump_dom
+from tests.polling import eventually
+from xds_api import resource_types as rt
+
+WEB = "web.emojivoto.svc.cluster.local:80"
+TOKEN = '{"ns":"emojivoto","nodeName":"node-a"}'
+
+
+def fetch(app: App, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}{path}", timeout=5) as r:
+        return str(r.read().decode())
+
+
+async def clients(app: App) -> AsyncIterator[None]:
+    """A Linkerd Get that names its node, and an xDS client that ACKs."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ch:
+        get = ch.unary_stream("/io.linkerd.proxy.destination.Destination/Get",
+                              request_serializer=dst.GetDestination.SerializeToString,
+                              response_deserializer=dst.Update.FromString)(
+            dst.GetDestination(scheme="k8s", path=WEB, context_token=TOKEN))
+        await get.read()
+        ads = ads_pb2_grpc.AggregatedDiscoveryServiceStub(ch).StreamAggregatedResources()
+        first = discovery_pb2.DiscoveryRequest(type_url=rt.ENDPOINT, resource_names=[WEB])
+        first.node.id = "sidecar~10.0.0.9~envoy-1.emojivoto~emojivoto.svc.cluster.local"
+        await ads.write(first)
+        resp = await ads.read()
+        await ads.write(discovery_pb2.DiscoveryRequest(
+            type_url=rt.ENDPOINT, resource_names=[WEB], version_info=resp.version_info,
+            response_nonce=resp.nonce))
+        try:
+            yield
+        finally:
+            get.cancel()
+            ads.cancel()
+
+
+async def synced(app: App) -> bool:
+    syncz = json.loads(await asyncio.to_thread(fetch, app, "/debug/syncz"))
+    states = {(s["protocol"], t["state"]) for s in syncz for t in s["types"].values()}
+    return {("linkerd-get", "SENT"), ("xds-sotw", "SYNCED")} <= states
+
+
+async def test_syncz_the_page_and_status_show_both_clients_and_their_sync_state(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    app: App = await make_app(demo_dir)
+    async for _ in clients(app):
+        await eventually(lambda: synced(app), 10, "both clients on /debug/syncz")
+        syncz = json.loads(await asyncio.to_thread(fetch, app, "/debug/syncz"))
+        (xds,) = [s for s in syncz if s["protocol"] == "xds-sotw"]
+        eds = xds["types"]["eds"]
+        assert eds["sent"] and eds["acked"] == eds["sent"] and eds["subscribed"] == [WEB]
+        assert xds["started"].endswith("Z") and "T" in xds["started"]  # a human timestamp
+        (get,) = [s for s in syncz if s["protocol"] == "linkerd-get"]
+        assert get["client"] == TOKEN and get["types"][WEB]["acked"] is None
+
+        dom = await asyncio.to_thread(dump_dom, f"http://127.0.0.1:{app.admin_port}/",
+                                      tmp_path / "profile")
+        # The web port's row counts both clients, the node-aware Linkerd one included.
+        row = next(r for r in dom.split("<tr>") if f">{WEB}</a>" in r)
+        assert "linkerd 1" in row and "xds-sotw 1" in row, row
+        cells = [c.split("</td>")[0] for c in row.split("<td>")[1:]]
+        assert cells[4] == "2" and cells[6] != "-"  # ready endpoints, a View version
+        assert "SYNCED" in dom and "SENT" in dom and "<th>ACKed</th>" in dom
+
+        out = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "meshbridge", "status", "--server",
+            f"127.0.0.1:{app.admin_port}"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0].split() == ["ID", "PROTOCOL", "CLIENT", "PEER", "TYPE/TARGET", "SENT",
+                                    "ACKED", "STATE", "BEHIND"]
+        assert any("xds-sotw" in line and "eds" in line and "SYNCED" in line for line in lines)
+        assert any("linkerd-get" in line and WEB in line and "SENT" in line
+                   for line in lines)
+
+
+def test_status_without_a_server_is_one_line_and_exit_1() -> None:
+    out = subprocess.run([sys.executable, "-m", "meshbridge", "status", "--server",
+                          "127.0.0.1:1", "--timeout", "2"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and "127.0.0.1:1" in out.stderr
