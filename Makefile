@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: run test lint bench protos install clean envtest chromium h2spec helm
+.PHONY: run test lint bench protos install clean envtest chromium h2spec helm istiod
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ install: $(STAMP)
 run: install
 	$(BIN)/meshbridge serve --source demo
 
-test: install envtest chromium h2spec helm
+test: install envtest chromium h2spec helm istiod
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
@@ -37,6 +37,11 @@ h2spec:
 # (two to three minutes on a fresh 2-core machine) and cached.
 helm:
 	bash scripts/helm.sh >/dev/null
+
+# istiod (pilot-discovery) and Istio's CRDs, the xDS side's reference peer, built once
+# from the Go module proxy (istio.io/istio) and cached after that.
+istiod:
+	bash scripts/istiod.sh >/dev/null
 
 # Debian's Chromium, for the admin page's browser test (as root, like CI).
 chromium:
