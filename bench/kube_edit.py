@@ -2,14 +2,16 @@
 
     python -m bench.kube_edit [--edits 40] [--runs 3] [--stages] [--streams 0] [--json]
 
-A real kube-apiserver and etcd (tests/integration/kubeapi.py, built by
-scripts/envtest.sh), meshbridge serving `--source kube` on it in this process and one
-Linkerd `Get` stream. Each edit replaces the service's EndpointSlice (an endpoint
-goes or comes back, alternately); the figure is the time from the start of the write
+A real kube-apiserver (with its watch cache, as in a real cluster) and etcd
+(tests/integration/kubeapi.py, built by scripts/envtest.sh), meshbridge serving
+`--source kube` on it in this process and one Linkerd `Get` stream. Each edit
+replaces the service's EndpointSlice (an endpoint goes or comes back, alternately);
+the figure is the time from the start of the write
 to the moment the `Get` stream has decoded the update that carries it: what Linkerd's
 "edit -> first Get stream has it" measures. With `--stages` each edit is also cut
 into where the time goes:
 
+    write      the write's start to its PUT returning (the writer's round trip)
     api        the write's start to the watch thread reading the event off the wire
     hand-off   the watch thread's read to the loop applying it to the Cluster
     serve      the Cluster apply to the Get stream having decoded the update
