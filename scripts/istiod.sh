@@ -59,6 +59,7 @@ mod_dir="$(go mod download -json "istio.io/istio@${ISTIO_VERSION}" |
 crds="${mod_dir}/manifests/charts/base/files/crd-all.gen.yaml"
 [[ -s "${crds}" ]] || { log "no CRDs at ${crds}"; exit 1; }
 cp -f "${crds}" "${DEST}/crd-all.gen.yaml.tmp"
+chmod 0644 "${DEST}/crd-all.gen.yaml.tmp"
 mv -f "${DEST}/crd-all.gen.yaml.tmp" "${DEST}/crd-all.gen.yaml"
 # A link, not a copy: the binary is ~100 MB and stays in gotool.sh's cache; if that
 # cache is removed the link dangles, have_all fails and the next run rebuilds.

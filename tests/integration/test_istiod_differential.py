@@ -8,7 +8,8 @@ meshbridge `--source kube`. One ADS client per server subscribes to the same clu
 answers are compared field by field: endpoint set, locality, priority, weights and
 health. What still differs is exactly KNOWN_DIFFERENCES, each one classified in
 docs/beside-linkerd-and-istiod.md; a difference that appears or goes away fails the
-test, so that page stays true.
+test, so that page stays true. `meshbridge shadow --api xds` is run against the
+same istiod too: it reports agreement, and finds a planted difference.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,6 +32,7 @@ from meshbridge.layers import protocol_layers
 from tests.integration import kubeapi
 from tests.integration.istiod import CLUSTER_ID, Istiod, cla_endpoints, differences
 from tests.integration.kubeapi import KubeAPIServer
+from tests.integration.shadow_support import ShadowRun, non_equal
 from tests.polling import eventually
 from xds_api.service import XdsOptions
 
@@ -37,8 +40,13 @@ kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 WAIT = 60.0  # istiod debounces pushes (100 ms) and may still be syncing its informers
 SERVICES = {"web": 80, "api": 9090, "idle": 80}
-# Every difference left, per service (docs/beside-linkerd-and-istiod.md classifies each).
-KNOWN_DIFFERENCES: dict[str, set[str]] = {"web": set(), "api": set(), "idle": set()}
+# Every difference left in the world below, per service; docs/beside-linkerd-and-istiod.md
+# classifies each. istiod sends a not-ready endpoint as UNHEALTHY (and counts it in its
+# locality's weight: zone-b holds web-3 and the not-ready web-4); meshbridge leaves it
+# out, as its View does for every protocol.
+KNOWN_DIFFERENCES: dict[str, set[str]] = {
+    "web": {"only-theirs 10.30.0.4:8080 (UNHEALTHY)", "locality_weight ours=1 theirs=2"},
+    "api": set(), "idle": set()}
 
 
 @pytest.fixture(scope="module")
@@ -212,11 +220,17 @@ async def sides(world: World, istiod: Istiod, kube_apiserver: KubeAPIServer
         await app.stop(0.2)
 
 
-async def agree_on_addresses(ours: Side, theirs: Side, truth: dict[str, set[str]],
-                             istiod: Istiod) -> None:
+async def answered(ours: Side, theirs: Side, truth: dict[str, set[str]], istiod: Istiod,
+                   not_ready: dict[str, set[str]] | None = None) -> None:
+    """Wait until each side serves `truth`, which istiod extends by the endpoints it
+    sends as UNHEALTHY (NOT_READY: the not-ready ones)."""
+    def theirs_truth(service: str) -> set[str]:
+        extra = NOT_READY_IPS if not_ready is None else not_ready
+        return truth[service] | extra.get(service, set())
+
     def both() -> bool:
-        return all(side.addresses(s) == want for s, want in truth.items()
-                   for side in (ours, theirs))
+        return all(ours.addresses(s) == truth[s] and theirs.addresses(s) == theirs_truth(s)
+                   for s in truth)
 
     await eventually(both, WAIT, why=lambda: (
         f"ours {[ours.addresses(s) for s in truth]}, theirs "
@@ -226,13 +240,14 @@ async def agree_on_addresses(ours: Side, theirs: Side, truth: dict[str, set[str]
 
 TRUTH = {"web": {"10.30.0.1", "10.30.0.2", "10.30.0.3"}, "api": {"10.30.1.1", "10.30.1.2"},
          "idle": set()}
+NOT_READY_IPS = {"web": {"10.30.0.4"}}
 
 
 async def test_istiod_and_meshbridge_send_the_same_endpoints_localities_weights_and_health(
     world: World, istiod: Istiod, sides: Callable[..., Any]
 ) -> None:
     ours, theirs = await sides()
-    await agree_on_addresses(ours, theirs, TRUTH, istiod)
+    await answered(ours, theirs, TRUTH, istiod)
     found = {s: differences(ours.cla(s), theirs.cla(s)) for s in SERVICES}
     assert found == KNOWN_DIFFERENCES
     # The localities come from the Nodes' labels on both sides.
@@ -244,16 +259,17 @@ async def test_both_follow_an_endpoint_moving_zone_and_a_slice_edit_the_same_way
     world: World, istiod: Istiod, sides: Callable[..., Any]
 ) -> None:
     ours, theirs = await sides()
-    await agree_on_addresses(ours, theirs, TRUTH, istiod)
+    await answered(ours, theirs, TRUTH, istiod)
     # web-1 goes, web-4 becomes ready, web-5 finishes terminating and is gone.
     world.put_slice(world.slice_body("web-a", "web", 8080, [
         ("web-2", "10.30.0.2", "zone-a", READY), ("web-3", "10.30.0.3", "zone-b", READY),
         ("web-4", "10.30.0.4", "zone-b", READY)]))
     world.disc.delete_namespaced_endpoint_slice("api-b", world.ns)
     truth = dict(TRUTH, web={"10.30.0.2", "10.30.0.3", "10.30.0.4"})
-    await agree_on_addresses(ours, theirs, truth, istiod)
+    await answered(ours, theirs, truth, istiod, not_ready={})
+    # No endpoint is not ready any more: nothing at all differs.
     found = {s: differences(ours.cla(s), theirs.cla(s)) for s in SERVICES}
-    assert found == KNOWN_DIFFERENCES
+    assert found == {s: set() for s in SERVICES}
 
 
 async def test_a_planted_difference_is_found_terminating_endpoints_sent_as_draining(
@@ -263,7 +279,57 @@ async def test_a_planted_difference_is_found_terminating_endpoints_sent_as_drain
     istiod (no persistent-session cluster) leaves out: the comparison names it."""
     ours, theirs = await sides(draining=True)
     await eventually(lambda: ours.addresses("web") == TRUTH["web"] | {"10.30.0.5"}, WAIT)
-    await agree_on_addresses(ours, theirs, {"api": TRUTH["api"]}, istiod)
-    await eventually(lambda: theirs.addresses("web") == TRUTH["web"], WAIT)
+    await answered(ours, theirs, {"api": TRUTH["api"]}, istiod)
+    await eventually(lambda: theirs.addresses("web") == TRUTH["web"] | NOT_READY_IPS["web"],
+                     WAIT)
+    # web-5 is in zone-a, so that locality's weight differs too.
     assert differences(ours.cla("web"), theirs.cla("web")) == (
-        KNOWN_DIFFERENCES["web"] | {"only-ours 10.30.0.5:8080"})
+        KNOWN_DIFFERENCES["web"] | {"only-ours 10.30.0.5:8080 (DRAINING)",
+                                    "locality_weight ours=3 theirs=2"})
+
+
+@pytest.mark.parametrize("draining", [False, True])
+async def test_shadow_against_istiod_agrees_and_finds_a_planted_difference(
+    world: World, istiod: Istiod, kube_apiserver: KubeAPIServer, tmp_path: Path,
+    draining: bool
+) -> None:
+    """`meshbridge shadow --api xds` with istiod as theirs: every target equal; with
+    `--xds-draining` on ours (the planted difference) web differs by web-5 only.
+    web-4 is made ready first: shadow compares the endpoints both sides send, and
+    istiod's UNHEALTHY not-ready one is the known difference the test above pins."""
+    world.put_slice(world.slice_body("web-a", "web", 8080, [
+        ("web-1", "10.30.0.1", "zone-a", READY), ("web-2", "10.30.0.2", "zone-a", READY),
+        ("web-3", "10.30.0.3", "zone-b", READY), ("web-4", "10.30.0.4", "zone-b", READY),
+        ("web-5", "10.30.0.5", "zone-a", TERMINATING)]))
+    app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
+              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
+                                   layer_options=(XdsOptions(draining=draining),)),
+              layers=protocol_layers())
+    await app.start()
+    try:
+        targets = tmp_path / "targets"
+        names = {s: f"{s}.{world.ns}.svc.cluster.local:{p}" for s, p in SERVICES.items()}
+        targets.write_text("".join(f"{t}\n" for t in names.values()))
+        run = ShadowRun("--api", "xds", "--ours", f"127.0.0.1:{app.grpc_port}",
+                        "--theirs", f"127.0.0.1:{istiod.grpc_port}", "--targets", str(targets),
+                        "--theirs-eds-name", "outbound|{port}||{host}",
+                        "--node-id",
+                        f"sidecar~10.30.9.9~shadow.{world.ns}~{world.ns}.svc.cluster.local",
+                        "--settle", "3")
+
+        def settled_as_wanted() -> dict[str, Any] | None:
+            latest = run.settled()
+            if latest is None or (draining and latest[names["web"]]["status"] != "differs"):
+                return None
+            return latest if draining or not non_equal(latest) else None
+
+        latest = await run.until(settled_as_wanted, "istiod answered every target", WAIT)
+        rc, summary = await run.finish()
+        if not draining:
+            assert rc == 0 and summary["counts"] == {"equal": len(SERVICES)}
+            return
+        assert non_equal(latest) == {names["web"]: (
+            "differs", [{"kind": "only-ours", "endpoint": "10.30.0.5:8080"}])}
+        assert rc == 1
+    finally:
+        await app.stop(0.2)
