@@ -255,8 +255,8 @@ def cla_endpoints(cla: Any) -> dict[tuple[str, int], XdsEndpoint]:
 
 def differences(ours: Any, theirs: Any) -> set[str]:
     """Every way two CLAs for one cluster differ, one line each: an address only one
-    side has (with its health), or `<field> ours=<v> theirs=<v>` (per endpoint fields are named once,
-    not per endpoint, so that the set is the kind of difference)."""
+    side has (with its health), or `<field> ours=<v> theirs=<v>` (an endpoint field is
+    named once, not per endpoint, so that the set says which kinds of difference)."""
     a, b = cla_endpoints(ours), cla_endpoints(theirs)
     out = {f"only-ours {k[0]}:{k[1]} ({a[k].health})" for k in a.keys() - b.keys()}
     out |= {f"only-theirs {k[0]}:{k[1]} ({b[k].health})" for k in b.keys() - a.keys()}
