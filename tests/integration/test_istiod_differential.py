@@ -30,7 +30,7 @@ from harness.normalize import State, from_cla
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
 from tests.integration import kubeapi
-from tests.integration.istiod import CLUSTER_ID, Istiod, cla_endpoints, differences
+from tests.integration.istiod import Istiod, cla_endpoints, differences
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.shadow_support import ShadowRun, non_equal
 from tests.polling import eventually
@@ -151,14 +151,11 @@ def world(kube_apiserver: KubeAPIServer) -> Iterator[World]:
 class Side:
     """One ADS subscriber and the latest ClusterLoadAssignment of every cluster."""
 
-    def __init__(self, channel: grpc.aio.Channel, names: dict[str, str], node_id: str,
-                 metadata: dict[str, str] | None = None) -> None:
+    def __init__(self, channel: grpc.aio.Channel, names: dict[str, str], node_id: str) -> None:
         self.names = names  # service -> this server's cluster name
         self.latest: dict[str, Any] = {}
         self.client = XdsClient(channel, list(names.values()), node_id=node_id,
                                 normalize=self._keep)
-        if metadata:
-            self.client.node.metadata.update(metadata)
         self.task: asyncio.Task[None] | None = None
 
     def _keep(self, cla: Any) -> State:
@@ -203,9 +200,10 @@ async def sides(world: World, istiod: Istiod, kube_apiserver: KubeAPIServer
         ours = Side(ours_ch, {s: f"{h}:{SERVICES[s]}" for s, h in hosts.items()},
                     "meshbridge-differential")
         # A sidecar in the namespace, as istiod wants it named: type~ip~pod.ns~domain.
+        # That is all istiod needs to answer EDS: no node metadata at all (it warns
+        # that ISTIO_VERSION is missing and takes the newest).
         theirs = Side(theirs_ch, {s: f"outbound|{SERVICES[s]}||{h}" for s, h in hosts.items()},
-                      f"sidecar~10.30.9.9~client.{world.ns}~{world.ns}.svc.cluster.local",
-                      {"NAMESPACE": world.ns, "CLUSTER_ID": CLUSTER_ID})
+                      f"sidecar~10.30.9.9~client.{world.ns}~{world.ns}.svc.cluster.local")
         for side in (ours, theirs):
             side.start()
             started.append(side)
