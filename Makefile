@@ -9,7 +9,7 @@ HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
 STAMP = $(VENV)/.installed-$(1)-$(HASH)
 
 .PHONY: run test lint bench protos install install-test install-dev install-bench clean \
-	envtest chromium h2spec helm
+	envtest chromium h2spec helm istiod
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ install-bench: $(call STAMP,bench)
 run: install
 	$(BIN)/meshbridge serve --source demo
 
-test: install-test envtest chromium h2spec helm
+test: install-test envtest chromium h2spec helm istiod
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
@@ -43,6 +43,12 @@ h2spec:
 # (two to three minutes on a fresh 2-core machine) and cached.
 helm:
 	bash scripts/helm.sh >/dev/null
+
+# istiod (pilot-discovery) and Istio's CRDs, the xDS side's reference peer, built once
+# from the Go module proxy (istio.io/istio; about 35 minutes on a busy 2-core machine)
+# and cached after that.
+istiod:
+	bash scripts/istiod.sh >/dev/null
 
 # Debian's Chromium, for the admin page's browser test (as root, like CI).
 chromium:

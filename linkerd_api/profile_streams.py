@@ -258,7 +258,7 @@ class ProfileRegistry:
             # linkerd-2.20 never learns the opaque ports of a service it has not seen.
             opaque = self.semantics == "proto" and key.port in self.config.default_opaque_ports
         return service_profile(chosen, fqn=key.fqn, service=key.service, port=key.port,
-                               opaque=opaque)
+                               opaque=opaque, kind_in_ref=self.semantics == "proto")
 
 
 def _describe(key: ProfileKey) -> dict[str, object]:

@@ -255,10 +255,13 @@ def http_method(name: str) -> http.HttpMethod:
 
 
 def service_profile(
-    profile: ServiceProfile | None, *, fqn: str, service: ServiceKey, port: int, opaque: bool
+    profile: ServiceProfile | None, *, fqn: str, service: ServiceKey, port: int, opaque: bool,
+    kind_in_ref: bool = True,
 ) -> dst.DestinationProfile:
     """The profile of a service port (createDestinationProfile). `profile` is the
-    ServiceProfile that won the client/server lookup, or None for the default."""
+    ServiceProfile that won the client/server lookup, or None for the default.
+    `kind_in_ref=False` leaves `profile_ref.resource.kind` empty, as Linkerd 2.20 does:
+    it copies the object's TypeMeta kind, which its informer cache never fills in."""
     out = dst.DestinationProfile(fully_qualified_name=fqn, opaque_protocol=opaque)
     out.parent_ref.resource.CopyFrom(meta.Resource(
         group="core", kind="Service", name=service.name, namespace=service.namespace,
@@ -267,7 +270,7 @@ def service_profile(
     out.profile_ref.resource.group = "linkerd.io"
     spec: Mapping[str, Any] = {}
     if profile is not None:
-        out.profile_ref.resource.kind = profile.kind
+        out.profile_ref.resource.kind = profile.kind if kind_in_ref else ""
         out.profile_ref.resource.name = profile.meta.name
         out.profile_ref.resource.namespace = profile.meta.namespace
         spec = profile.spec

@@ -90,14 +90,14 @@ def set_labels(cluster: Cluster, service: ServiceKey) -> dict[str, str]:
     labels = {"service": service.name, "namespace": service.namespace}
     for slice_ in cluster.slices_of(service):
         target = slice_.meta.labels.get(MIRROR_CLUSTER_LABEL, "")
-        if target:
-            labels["target_cluster"] = target
+        if not target:
+            continue  # the FQN annotation alone names no mirror (Linkerd §3.2)
+        labels["target_cluster"] = target
         parts = slice_.meta.annotations.get(REMOTE_FQN_ANNOTATION, "").split(".")
         if len(parts) >= 2:
             labels["target_service"] = parts[0]
             labels["target_service_namespace"] = parts[1]
-        if target:
-            break
+        break
     return labels
 
 

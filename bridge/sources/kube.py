@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -432,43 +433,22 @@ class KubeSource:
             creds = await asyncio.to_thread(load_credentials, self.kubeconfig, self.context)
         client = ApiClient(creds)
         loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[Any] = asyncio.Queue()
-
-        def emit(item: Any) -> None:
-            loop.call_soon_threadsafe(inbox.put_nowait, item)
+        handoff = _Handoff(loop, cluster)
 
         specs = watched_kinds(self.endpoints_api)
-        gauges = self._cache_gauges(specs, cluster)
-        self.watchers = [KindWatcher(s, client, emit, self._lag_histogram(s)) for s in specs]
-        pending = {s.kind for s in specs}
+        self._cache_gauges(specs, cluster)
+        self.watchers = [KindWatcher(s, client, handoff.emit, self._lag_histogram(s))
+                         for s in specs]
+        handoff.pending = {s.kind for s in specs}
+        handoff.synced = synced
         log.info("watching the Kubernetes API", host=creds.host,
                  kinds=[s.kind for s in specs])
         for w in self.watchers:
             w.start()
         try:
-            while True:
-                batch = [await inbox.get()]
-                while not inbox.empty():
-                    batch.append(inbox.get_nowait())
-                events: list[Event] = []
-                for item in batch:
-                    if item[0] == "event":
-                        events.append(item[1])
-                        continue
-                    if events:
-                        cluster.apply(events)
-                        events = []
-                    _, kind, objs = item
-                    cluster.replace(kind, objs)
-                    pending.discard(kind)
-                if events:
-                    cluster.apply(events)
-                if not pending and not synced.is_set():
-                    log.info("initial list applied", **cluster.counts())
-                    synced.set()
-                for kind, gauge in gauges.items():
-                    gauge.set(len(cluster.objects(kind)))
+            await handoff.failed  # runs until cancelled, or an apply raises
         finally:
+            handoff.closed = True
             for w in self.watchers:
                 w.stop()
 
@@ -480,13 +460,76 @@ class KubeSource:
             f"Delay between a {spec.kind} update and this informer seeing it",
             buckets=LAG_BUCKETS, registry=self._metrics)
 
-    def _cache_gauges(self, specs: list[KindSpec],
-                      cluster: Cluster) -> dict[str, prometheus_client.Gauge]:
+    def _cache_gauges(self, specs: list[KindSpec], cluster: Cluster) -> None:
+        """Cache sizes, counted when scraped: never on the path of an event."""
         if self._metrics is None:
-            return {}
-        return {
-            s.kind: prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
+            return
+        for s in specs:
+            gauge = prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
                                             f"Number of {s.kind} objects in the cache",
-                                            ["cluster"], registry=self._metrics).labels("local")
-            for s in specs
-        }
+                                            ["cluster"], registry=self._metrics)
+            gauge.labels("local").set_function(functools.partial(_count, cluster, s.kind))
+
+
+def _count(cluster: Cluster, kind: str) -> float:
+    return len(cluster.objects(kind))
+
+
+class _Handoff:
+    """Watch threads -> the loop, with nothing in between: the first event of a burst
+    schedules one drain callback (`call_soon_threadsafe`, which wakes the loop at once)
+    and the events that arrive before it runs join that batch. The drain applies them
+    to the Cluster itself, so an event costs one loop wake-up, not a queue hop into a
+    task that must be scheduled again, and no timer ever holds one back."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cluster: Cluster) -> None:
+        self.loop = loop
+        self.cluster = cluster
+        self.pending: set[str] = set()  # kinds whose first list is not applied yet
+        self.synced: asyncio.Event | None = None
+        self.closed = False
+        # An apply that raises ends the source's task (its owner sees it), as it would
+        # if the apply ran in that task.
+        self.failed: asyncio.Future[None] = loop.create_future()
+        self._lock = threading.Lock()
+        self._items: list[Any] = []
+        self._scheduled = False
+
+    def emit(self, item: Any) -> None:
+        """Called on a watch thread."""
+        with self._lock:
+            self._items.append(item)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._items, self._scheduled = self._items, [], False
+        if self.closed or self.failed.done():
+            return
+        try:
+            self._apply(batch)
+        except Exception as e:  # the owner of the source's task sees it
+            self.failed.set_exception(e)
+
+    def _apply(self, batch: list[Any]) -> None:
+        cluster = self.cluster
+        events: list[Event] = []
+        for item in batch:
+            if item[0] == "event":
+                events.append(item[1])
+                continue
+            if events:
+                cluster.apply(events)
+                events = []
+            _, kind, objs = item
+            cluster.replace(kind, objs)
+            self.pending.discard(kind)
+        if events:
+            cluster.apply(events)
+        if not self.pending and self.synced is not None and not self.synced.is_set():
+            log.info("initial list applied", **cluster.counts())
+            self.synced.set()
