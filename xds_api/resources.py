@@ -187,10 +187,11 @@ def istio_endpoint_metadata(resolved: ResolvedEndpoint, pod_labels: Labels,
     # The workload is the pod's owner as Linkerd resolves it (a ReplicaSet's
     # Deployment, a Job's CronJob), the pod itself without one; none for an address.
     workload = enr.owner_name if enr.owner_name else ep.pod_name
-    name = next((pod_labels[k] for k in _CANONICAL_NAME_LABELS if pod_labels.get(k)),
+    # The first label present wins, even with an empty value, as istiod reads them.
+    name = next((pod_labels[k] for k in _CANONICAL_NAME_LABELS if k in pod_labels),
                 workload)
     revision = next((pod_labels[k] for k in _CANONICAL_REVISION_LABELS
-                     if pod_labels.get(k)), "latest")
+                     if k in pod_labels), "latest")
     if revision == "latest":
         revision = ""  # istiod leaves its default out
     return IstioEndpointMetadata(

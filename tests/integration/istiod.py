@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from typing import IO, Any, Final
 
 import yaml
 from envoy.config.endpoint.v3 import endpoint_components_pb2
+from google.protobuf import json_format
 from kubernetes import client, config
 
 from tests.integration.kubeapi import KubeAPIServer
@@ -235,6 +237,14 @@ class XdsEndpoint:
     locality_weight: int  # the LocalityLbEndpoints' load_balancing_weight (0: unset)
     weight: int  # the LbEndpoint's load_balancing_weight (0: unset)
     health: str  # UNKNOWN | HEALTHY | UNHEALTHY | DRAINING | ...
+    # Its filter_metadata, every namespace (istiod: `istio` workload and
+    # `envoy.transport_socket_match` tlsMode), as sorted JSON: one comparable value.
+    metadata: str
+
+
+def endpoint_metadata(lb: Any) -> str:
+    return json.dumps(json_format.MessageToDict(lb.metadata).get("filterMetadata", {}),
+                      sort_keys=True, separators=(",", ":"))
 
 
 def cla_endpoints(cla: Any) -> dict[tuple[str, int], XdsEndpoint]:
@@ -248,7 +258,8 @@ def cla_endpoints(cla: Any) -> dict[tuple[str, int], XdsEndpoint]:
             w = lb.load_balancing_weight.value if lb.HasField("load_balancing_weight") else 0
             ep = XdsEndpoint(sa.address, int(sa.port_value), loc.locality.region,
                              loc.locality.zone, loc.locality.sub_zone, int(loc.priority),
-                             int(lw), int(w), health[lb.health_status].name)
+                             int(lw), int(w), health[lb.health_status].name,
+                             endpoint_metadata(lb))
             out[(ep.address, ep.port)] = ep
     return out
 

@@ -15,6 +15,7 @@ same istiod too: it reports agreement, and finds a planted difference.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from harness.normalize import State, from_cla
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
 from tests.integration import kubeapi
-from tests.integration.istiod import Istiod, cla_endpoints, differences
+from tests.integration.istiod import CLUSTER_ID, Istiod, cla_endpoints, differences
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.shadow_support import ShadowRun, non_equal
 from tests.polling import eventually
@@ -47,6 +48,12 @@ SERVICES = {"web": 80, "api": 9090, "idle": 80}
 KNOWN_DIFFERENCES: dict[str, set[str]] = {
     "web": {"only-theirs 10.30.0.4:8080 (UNHEALTHY)", "locality_weight ours=1 theirs=2"},
     "api": set(), "idle": set()}
+
+
+def istio_profile(**xds_options: Any) -> XdsOptions:
+    """meshbridge's xDS options with the endpoint metadata istiod sends, under istiod's
+    cluster id (the last field of the `workload` value)."""
+    return XdsOptions(endpoint_metadata="istio", istio_cluster_id=CLUSTER_ID, **xds_options)
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +80,38 @@ class World:
         self.nodes.append(name)
         return name
 
-    def pod(self, name: str, ip: str, node: str, app: str) -> None:
+    def pod(self, name: str, ip: str, node: str, app: str, *, labels: dict[str, str] | None = None,
+            sidecar: bool = False, owner: tuple[str, str, str] | None = None) -> None:
+        """`sidecar`: as Istio's injector leaves a pod (an istio-proxy container, its
+        status annotation, the tlsMode label). `owner`: (apiVersion, kind, name) of the
+        pod's controller, the pod's name then generated from it as a controller does."""
+        meta: dict[str, Any] = {"name": name, "labels": {"app": app, **(labels or {})}}
+        containers = [{"name": "app", "image": "app"}]
+        if sidecar:
+            meta["labels"]["security.istio.io/tlsMode"] = "istio"
+            meta["annotations"] = {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'}
+            containers.append({"name": "istio-proxy", "image": "proxyv2"})
+        if owner is not None:
+            version, kind, owner_name = owner
+            meta["generateName"] = f"{owner_name}-"
+            meta["ownerReferences"] = [{"apiVersion": version, "kind": kind, "name": owner_name,
+                                        "uid": str(uuid.uuid4()), "controller": True}]
         self.core.create_namespaced_pod(self.ns, {
-            "metadata": {"name": name, "labels": {"app": app}},
-            "spec": {"nodeName": node, "serviceAccountName": app,
-                     "containers": [{"name": "app", "image": "app"}]}})
+            "metadata": meta,
+            "spec": {"nodeName": node, "serviceAccountName": app, "containers": containers}})
         self.core.patch_namespaced_pod_status(name, self.ns, {"status": {
             "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
             "conditions": [{"type": "Ready", "status": "True"}]}})
+
+    def replicaset(self, name: str, deployment: str, app: str) -> None:
+        """A Deployment's ReplicaSet (no controller runs here to make one)."""
+        client.AppsV1Api(self.api).create_namespaced_replica_set(self.ns, {
+            "metadata": {"name": name, "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "Deployment", "name": deployment,
+                "uid": str(uuid.uuid4()), "controller": True}]},
+            "spec": {"selector": {"matchLabels": {"app": app}},
+                     "template": {"metadata": {"labels": {"app": app}},
+                                  "spec": {"containers": [{"name": "app", "image": "app"}]}}}})
 
     def service(self, name: str, port: int, target: int) -> None:
         self.core.create_namespaced_service(self.ns, {
@@ -119,6 +150,29 @@ class World:
         self.api.close()
 
 
+POD_TEMPLATE_HASH = "5c8d7f"
+CANONICAL = {"service.istio.io/canonical-name": "web-canonical",
+             "service.istio.io/canonical-revision": "v1"}
+# What each pod is in the mesh, beyond its `app` label: the metadata both sides send.
+POD_MESH: dict[str, dict[str, Any]] = {
+    # A Deployment's pod with a sidecar and the canonical-service labels: the workload
+    # is the Deployment (istiod: the ReplicaSet's name less the pod-template-hash;
+    # meshbridge: the ReplicaSet's owner).
+    "web-1": {"sidecar": True, "labels": {**CANONICAL, "pod-template-hash": POD_TEMPLATE_HASH},
+              "owner": ("apps/v1", "ReplicaSet", f"web-{POD_TEMPLATE_HASH}")},
+    # A bare pod with a sidecar: canonical name from `app`, revision from `version`.
+    "web-2": {"sidecar": True, "labels": {"version": "v2"}},
+    # No sidecar: no tlsMode; the revision from app.kubernetes.io/version.
+    "web-3": {"labels": {"app.kubernetes.io/name": "web-k8s",
+                         "app.kubernetes.io/version": "3.0"}},
+    "web-5": {"sidecar": True},
+    # A sidecar that opted out of mTLS: tlsMode disabled sends no transport socket match.
+    # An empty label still counts: app.kubernetes.io/name "" is the canonical name.
+    "api-1": {"labels": {"security.istio.io/tlsMode": "disabled", "app.kubernetes.io/name": ""}},
+    # A StatefulSet's pod with a sidecar: the workload is the StatefulSet.
+    "api-2": {"sidecar": True, "owner": ("apps/v1", "StatefulSet", "api")},
+}
+
 READY = {"ready": True, "serving": True, "terminating": False}
 NOT_READY = {"ready": False, "serving": False, "terminating": False}
 TERMINATING = {"ready": False, "serving": True, "terminating": True}
@@ -131,8 +185,10 @@ def world(kube_apiserver: KubeAPIServer) -> Iterator[World]:
     pods = {"web-1": ("10.30.0.1", a), "web-2": ("10.30.0.2", a), "web-3": ("10.30.0.3", b),
             "web-4": ("10.30.0.4", b), "web-5": ("10.30.0.5", a),
             "api-1": ("10.30.1.1", a), "api-2": ("10.30.1.2", b)}
+    rs = f"web-{POD_TEMPLATE_HASH}"
+    w.replicaset(rs, "web", "web")
     for pod, (ip, node) in pods.items():
-        w.pod(pod, ip, node, pod.split("-")[0])
+        w.pod(pod, ip, node, pod.split("-")[0], **POD_MESH.get(pod, {}))
     w.service("web", 80, 8080)
     w.service("api", 9090, 9090)
     w.service("idle", 80, 8080)
@@ -189,7 +245,7 @@ async def sides(world: World, istiod: Istiod, kube_apiserver: KubeAPIServer
     async def start(**xds_options: Any) -> tuple[Side, Side]:
         app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
                   options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
-                                       layer_options=(XdsOptions(**xds_options),)),
+                                       layer_options=(istio_profile(**xds_options),)),
                   layers=protocol_layers())
         apps.append(app)
         await app.start()
@@ -236,6 +292,27 @@ async def answered(ours: Side, theirs: Side, truth: dict[str, set[str]], istiod:
         f"istiod log:\n{istiod.log_tail(20)}"))
 
 
+# (workload, canonical name, canonical revision, tlsMode) per address, from POD_MESH.
+METADATA: dict[str, tuple[str, str, str, str]] = {
+    "10.30.0.1": ("web", "web-canonical", "v1", "istio"),
+    "10.30.0.2": ("web-2", "web", "v2", "istio"),
+    "10.30.0.3": ("web-3", "web-k8s", "3.0", ""),
+    "10.30.0.4": ("web-4", "web", "", ""),
+    "10.30.0.5": ("web-5", "web", "", "istio"),
+    "10.30.1.1": ("api-1", "", "", ""),
+    "10.30.1.2": ("api", "api", "", "istio"),
+}
+
+
+def expected_metadata(ns: str, ip: str) -> dict[str, Any]:
+    workload, name, revision, tls = METADATA[ip]
+    out: dict[str, Any] = {
+        "istio": {"workload": f"{workload};{ns};{name};{revision};{CLUSTER_ID}"}}
+    if tls:
+        out["envoy.transport_socket_match"] = {"tlsMode": tls}
+    return out
+
+
 TRUTH = {"web": {"10.30.0.1", "10.30.0.2", "10.30.0.3"}, "api": {"10.30.1.1", "10.30.1.2"},
          "idle": set()}
 NOT_READY_IPS = {"web": {"10.30.0.4"}}
@@ -251,6 +328,10 @@ async def test_istiod_and_meshbridge_send_the_same_endpoints_localities_weights_
     # The localities come from the Nodes' labels on both sides.
     zones = {(e.region, e.zone) for e in cla_endpoints(ours.cla("web")).values()}
     assert zones == {("region-1", "zone-a"), ("region-1", "zone-b")}
+    # The metadata compared equal is the metadata wanted, not two empty ones.
+    sent = {ip: json.loads(e.metadata) for s in SERVICES
+            for (ip, _), e in cla_endpoints(theirs.cla(s)).items()}
+    assert sent == {ip: expected_metadata(world.ns, ip) for ip in sent}
 
 
 async def test_both_follow_an_endpoint_moving_zone_and_a_slice_edit_the_same_way(
@@ -301,7 +382,7 @@ async def test_shadow_against_istiod_agrees_and_finds_a_planted_difference(
         ("web-5", "10.30.0.5", "zone-a", TERMINATING)]))
     app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
               options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
-                                   layer_options=(XdsOptions(draining=draining),)),
+                                   layer_options=(istio_profile(draining=draining),)),
               layers=protocol_layers())
     await app.start()
     try:

@@ -278,6 +278,10 @@ def test_the_istio_profile_sends_what_istiod_sends_a_sidecar() -> None:
      "web;app;shop;1.2;Kubernetes"),
     # istiod leaves its default revision, "latest", out.
     ({"app": "web-app", "version": "latest"}, None, "web;app;web-app;;Kubernetes"),
+    # A label present with an empty value still wins over the ones after it (found
+    # beside a real istiod: tests/integration/test_istiod_differential.py).
+    ({"app.kubernetes.io/name": "", "app": "web-app", "app.kubernetes.io/version": "",
+      "version": "v3"}, None, "web;app;;;Kubernetes"),
 ])
 def test_the_istio_profile_follows_istiods_defaults(labels: dict[str, str], tls: str | None,
                                                     workload: str) -> None:
