@@ -141,7 +141,9 @@ DEFAULT_ISTIO_CLUSTER_ID = "Kubernetes"
 ISTIO_NAMESPACE = "istio"
 TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
 ISTIO_TLS_MODE_LABEL = "security.istio.io/tlsMode"
-ISTIO_TLS_DISABLED = "disabled"
+# The one tlsMode istiod sends: "disabled", no label or any other value means the
+# pod takes no Istio mTLS, and istiod sends no transport socket match for it.
+ISTIO_MUTUAL_TLS = "istio"
 _CANONICAL_NAME_LABELS = ("service.istio.io/canonical-name", "app.kubernetes.io/name", "app")
 _CANONICAL_REVISION_LABELS = ("service.istio.io/canonical-revision",
                               "app.kubernetes.io/version", "version")
@@ -175,7 +177,7 @@ def _metadata_fields(resolved: ResolvedEndpoint) -> dict[str, object]:
 class IstioEndpointMetadata:
     """The two things istiod tells a sidecar about a Kubernetes endpoint (xDS §5.4)."""
 
-    tls_mode: str  # "" when the pod is not in the mesh's mTLS (no label, or "disabled")
+    tls_mode: str  # "istio", or "" when the pod is not in the mesh's mTLS
     workload: str  # "name;namespace;canonical-name;canonical-revision;cluster-id"
 
 
@@ -195,7 +197,7 @@ def istio_endpoint_metadata(resolved: ResolvedEndpoint, pod_labels: Labels,
     if revision == "latest":
         revision = ""  # istiod leaves its default out
     return IstioEndpointMetadata(
-        "" if tls in ("", ISTIO_TLS_DISABLED) else tls,
+        ISTIO_MUTUAL_TLS if tls == ISTIO_MUTUAL_TLS else "",
         f"{workload};{ep.id.namespace};{name};{revision};{cluster_id}")
 
 

@@ -162,9 +162,11 @@ POD_MESH: dict[str, dict[str, Any]] = {
               "owner": ("apps/v1", "ReplicaSet", f"web-{POD_TEMPLATE_HASH}")},
     # A bare pod with a sidecar: canonical name from `app`, revision from `version`.
     "web-2": {"sidecar": True, "labels": {"version": "v2"}},
-    # No sidecar: no tlsMode; the revision from app.kubernetes.io/version.
+    # No sidecar, and a tlsMode label istiod does not know: no transport socket match;
+    # the canonical service from the app.kubernetes.io labels.
     "web-3": {"labels": {"app.kubernetes.io/name": "web-k8s",
-                         "app.kubernetes.io/version": "3.0"}},
+                         "app.kubernetes.io/version": "3.0",
+                         "security.istio.io/tlsMode": "mutual"}},
     "web-5": {"sidecar": True},
     # A sidecar that opted out of mTLS: tlsMode disabled sends no transport socket match.
     # An empty label still counts: app.kubernetes.io/name "" is the canonical name.

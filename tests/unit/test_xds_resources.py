@@ -276,6 +276,8 @@ def test_the_istio_profile_sends_what_istiod_sends_a_sidecar() -> None:
     ({"security.istio.io/tlsMode": "disabled", "app.kubernetes.io/name": "shop",
       "app": "ignored", "app.kubernetes.io/version": "1.2"}, None,
      "web;app;shop;1.2;Kubernetes"),
+    # A tlsMode istiod does not know takes no mTLS either (found beside a real istiod).
+    ({"security.istio.io/tlsMode": "mutual"}, None, "web;app;web;;Kubernetes"),
     # istiod leaves its default revision, "latest", out.
     ({"app": "web-app", "version": "latest"}, None, "web;app;web-app;;Kubernetes"),
     # A label present with an empty value still wins over the ones after it (found
