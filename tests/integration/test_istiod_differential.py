@@ -5,11 +5,15 @@ EndpointSlices, including a not-ready and a terminating endpoint and an address 
 by two slices) are read by a real istiod (tests/integration/istiod.py) and by
 meshbridge `--source kube`. One ADS client per server subscribes to the same clusters
 (istiod names them `outbound|<port>||<host>`, meshbridge `<host>:<port>`) and the two
-answers are compared field by field: endpoint set, locality, priority, weights and
-health. What still differs is exactly KNOWN_DIFFERENCES, each one classified in
+answers are compared field by field: endpoint set, locality, priority, weights,
+health and the per-endpoint metadata (meshbridge on `--xds-endpoint-metadata istio`
+under istiod's cluster id; the pods carry sidecars, canonical-service labels and
+Deployment or StatefulSet owners). What still differs is exactly KNOWN_DIFFERENCES
+(and the Istio-policy case pinned in its own test), each one classified in
 docs/beside-linkerd-and-istiod.md; a difference that appears or goes away fails the
 test, so that page stays true. `meshbridge shadow --api xds` is run against the
-same istiod too: it reports agreement, and finds a planted difference.
+same istiod too: it reports agreement, and finds planted differences (an endpoint,
+and the metadata).
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ KNOWN_DIFFERENCES: dict[str, set[str]] = {
 def istio_profile(**xds_options: Any) -> XdsOptions:
     """meshbridge's xDS options with the endpoint metadata istiod sends, under istiod's
     cluster id (the last field of the `workload` value)."""
-    return XdsOptions(endpoint_metadata="istio", istio_cluster_id=CLUSTER_ID, **xds_options)
+    return XdsOptions(**{"endpoint_metadata": "istio", "istio_cluster_id": CLUSTER_ID,
+                         **xds_options})
 
 
 @pytest.fixture(scope="module")
@@ -306,12 +311,15 @@ METADATA: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+def workload(ns: str, ip: str, cluster_id: str = CLUSTER_ID) -> str:
+    name, canonical, revision, _tls = METADATA[ip]
+    return f"{name};{ns};{canonical};{revision};{cluster_id}"
+
+
 def expected_metadata(ns: str, ip: str) -> dict[str, Any]:
-    workload, name, revision, tls = METADATA[ip]
-    out: dict[str, Any] = {
-        "istio": {"workload": f"{workload};{ns};{name};{revision};{CLUSTER_ID}"}}
-    if tls:
-        out["envoy.transport_socket_match"] = {"tlsMode": tls}
+    out: dict[str, Any] = {"istio": {"workload": workload(ns, ip)}}
+    if METADATA[ip][3]:
+        out["envoy.transport_socket_match"] = {"tlsMode": METADATA[ip][3]}
     return out
 
 
@@ -334,6 +342,32 @@ async def test_istiod_and_meshbridge_send_the_same_endpoints_localities_weights_
     sent = {ip: json.loads(e.metadata) for s in SERVICES
             for (ip, _), e in cla_endpoints(theirs.cla(s)).items()}
     assert sent == {ip: expected_metadata(world.ns, ip) for ip in sent}
+
+
+def metadata_json(value: dict[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+async def test_an_istio_policy_turning_mtls_off_is_what_only_istiod_knows(
+    world: World, istiod: Istiod, sides: Callable[..., Any]
+) -> None:
+    """A PeerAuthentication with mTLS DISABLE for the api pods: istiod stops sending
+    api-2's transport socket match; meshbridge, which reads no Istio policy, keeps
+    sending what the pod's label says (the intended difference the docs list)."""
+    ours, theirs = await sides()
+    await answered(ours, theirs, TRUTH, istiod)
+    client.CustomObjectsApi(world.api).create_namespaced_custom_object(
+        "security.istio.io", "v1", world.ns, "peerauthentications", {
+            "apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+            "metadata": {"name": "api-plaintext"},
+            "spec": {"selector": {"matchLabels": {"app": "api"}}, "mtls": {"mode": "DISABLE"}}})
+    with_tls = expected_metadata(world.ns, "10.30.1.2")
+    without = {k: v for k, v in with_tls.items() if k != "envoy.transport_socket_match"}
+    pinned = {f"metadata ours={metadata_json(with_tls)!r} theirs={metadata_json(without)!r}"}
+    await eventually(lambda: differences(ours.cla("api"), theirs.cla("api")) == pinned, WAIT,
+                     why=lambda: f"{differences(ours.cla('api'), theirs.cla('api'))}")
+    assert {s: differences(ours.cla(s), theirs.cla(s)) for s in ("web", "idle")} == {
+        s: KNOWN_DIFFERENCES[s] for s in ("web", "idle")}
 
 
 async def test_both_follow_an_endpoint_moving_zone_and_a_slice_edit_the_same_way(
@@ -369,22 +403,29 @@ async def test_a_planted_difference_is_found_terminating_endpoints_sent_as_drain
                                     "locality_weight ours=3 theirs=2"})
 
 
-@pytest.mark.parametrize("draining", [False, True])
+PLANTED: dict[str, dict[str, Any]] = {"none": {}, "draining": {"draining": True},
+           # Another cluster id: every endpoint's `istio` workload ends differently.
+           "cluster-id": {"istio_cluster_id": "Elsewhere"}}
+
+
+@pytest.mark.parametrize("planted", list(PLANTED))
 async def test_shadow_against_istiod_agrees_and_finds_a_planted_difference(
     world: World, istiod: Istiod, kube_apiserver: KubeAPIServer, tmp_path: Path,
-    draining: bool
+    planted: str
 ) -> None:
-    """`meshbridge shadow --api xds` with istiod as theirs: every target equal; with
-    `--xds-draining` on ours (the planted difference) web differs by web-5 only.
-    web-4 is made ready first: shadow compares the endpoints both sides send, and
-    istiod's UNHEALTHY not-ready one is the known difference the test above pins."""
+    """`meshbridge shadow --api xds` with istiod as theirs: every target equal, the
+    per-endpoint metadata included; with `--xds-draining` on ours (a planted
+    difference) web differs by web-5 only; with another `--xds-istio-cluster-id`, by
+    each endpoint's `istio` workload. web-4 is made ready first: shadow compares the
+    endpoints both sides send, and istiod's UNHEALTHY not-ready one is the known
+    difference the test above pins."""
     world.put_slice(world.slice_body("web-a", "web", 8080, [
         ("web-1", "10.30.0.1", "zone-a", READY), ("web-2", "10.30.0.2", "zone-a", READY),
         ("web-3", "10.30.0.3", "zone-b", READY), ("web-4", "10.30.0.4", "zone-b", READY),
         ("web-5", "10.30.0.5", "zone-a", TERMINATING)]))
+    options = istio_profile(**PLANTED[planted])
     app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
-              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
-                                   layer_options=(istio_profile(draining=draining),)),
+              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0", layer_options=(options,)),
               layers=protocol_layers())
     await app.start()
     try:
@@ -397,20 +438,36 @@ async def test_shadow_against_istiod_agrees_and_finds_a_planted_difference(
                         "--node-id",
                         f"sidecar~10.30.9.9~shadow.{world.ns}~{world.ns}.svc.cluster.local",
                         "--settle", "3")
+        differing = {"none": set(), "draining": {"web"}, "cluster-id": {"web", "api"}}[planted]
 
         def settled_as_wanted() -> dict[str, Any] | None:
             latest = run.settled()
-            if latest is None or (draining and latest[names["web"]]["status"] != "differs"):
+            if latest is None:
                 return None
-            return latest if draining or not non_equal(latest) else None
+            status = {s: latest.get(names[s], {}).get("status") for s in SERVICES}
+            return latest if status == {s: "differs" if s in differing else "equal"
+                                        for s in SERVICES} else None
 
         latest = await run.until(settled_as_wanted, "istiod answered every target", WAIT)
         rc, summary = await run.finish()
-        if not draining:
+        if planted == "none":
             assert rc == 0 and summary["counts"] == {"equal": len(SERVICES)}
             return
-        assert non_equal(latest) == {names["web"]: (
-            "differs", [{"kind": "only-ours", "endpoint": "10.30.0.5:8080"}])}
         assert rc == 1
+        if planted == "draining":
+            # web-5 is in zone-a: that locality's weight differs on its other endpoints.
+            assert non_equal(latest) == {names["web"]: ("differs", [
+                *({"kind": "field", "endpoint": f"{ip}:8080",
+                   "field": f"endpoint[{ip}:8080].locality_load_balancing_weight.value",
+                   "ours": "3", "theirs": "2"} for ip in ("10.30.0.1", "10.30.0.2")),
+                {"kind": "only-ours", "endpoint": "10.30.0.5:8080"}])}
+            return
+        assert non_equal(latest) == {names[s]: ("differs", [
+            {"kind": "field", "endpoint": f"{ip}:{port}",
+             "field": f"endpoint[{ip}:{port}].metadata.filter_metadata.istio.workload",
+             "ours": workload(world.ns, ip, "Elsewhere"),
+             "theirs": workload(world.ns, ip)}
+            for ip in sorted(TRUTH[s] | ({"10.30.0.4"} if s == "web" else set()))])
+            for s, port in (("web", 8080), ("api", 9090))}
     finally:
         await app.stop(0.2)
