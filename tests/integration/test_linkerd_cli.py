@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from linkerd_api.endpoint_streams import Semantics
 from linkerd_api.service import LinkerdOptions
 from tests.integration.linkerd_support import DEADLINE, edit
 
@@ -118,7 +119,7 @@ async def test_get_with_a_timeout_prints_what_came_and_exits_0(
 @pytest.mark.parametrize("command", ["get", "profile"])
 @pytest.mark.parametrize("semantics", ["proto", "linkerd-2.20"])
 async def test_a_name_that_matches_no_service_is_one_line_and_exit_1(
-        make_app: AppFactory, demo_dir: Path, command: str, semantics: str) -> None:
+        make_app: AppFactory, demo_dir: Path, command: str, semantics: Semantics) -> None:
     # proto answers no_endpoints{exists: false}, Linkerd 2.20 NOT_FOUND; GetProfile
     # answers either with a default profile, so `profile` asks Get first.
     app = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics=semantics),))
