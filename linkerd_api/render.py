@@ -203,11 +203,13 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def follow(args: argparse.Namespace, method: str, response: type[Message],
-           describe: Callable[[Any], str]) -> int:
+           describe: Callable[[Any], str],
+           refuse_first: Callable[[Any], str | None] | None = None) -> int:
     """Print every message of one destination stream as it arrives.
 
     Exit status: 0 when the stream ends with OK, after --count messages or at
-    --timeout; 1 when the server refuses the request or cannot be reached.
+    --timeout; 1 when the server refuses the request or cannot be reached, or when
+    `refuse_first` finds a reason to refuse the first message (it is then not printed).
     """
     if args.token and parse_context_token(args.token).form == "invalid":
         print("note: the server will not understand this --token; it is sent anyway",
@@ -222,6 +224,11 @@ def follow(args: argparse.Namespace, method: str, response: type[Message],
         received = 0
         try:
             for message in call:
+                reason = refuse_first(message) if refuse_first and not received else None
+                if reason:
+                    call.cancel()
+                    print(f"error: {reason}", file=sys.stderr)
+                    return 1
                 print(to_json(message) if args.json else describe(message), flush=True)
                 received += 1
                 if args.count and received >= args.count:

@@ -75,7 +75,7 @@ STATUS_OF: dict[type[DestinationError], grpc.StatusCode] = {
 
 # A real linkerd2-proxy retries a refused Get with backoff for as long as its balancer
 # lives, so a NOT_FOUND is logged once per target per window; every refusal is still
-# counted in destination_requests_refused_total{code="NOT_FOUND"}.
+# counted in meshbridge_destination_requests_refused_total{code="NOT_FOUND"}.
 NOT_FOUND_LOG_WINDOW = 60.0
 
 
@@ -161,10 +161,11 @@ class DestinationService:
             "GetProfile (endpoint) streams ended because their queue was full",
             registry=registry)
         self.open_streams = prometheus_client.Gauge(
-            "destination_streams", "Open destination API streams", ["method"],
+            "meshbridge_destination_streams", "Open destination API streams", ["method"],
             registry=registry)
         self.refused = prometheus_client.Counter(
-            "destination_requests_refused", "Destination API requests refused, by status",
+            "meshbridge_destination_requests_refused",
+            "Destination API requests refused, by status",
             ["method", "code"], registry=registry)
 
     def handler(self) -> grpc.GenericRpcHandler:

@@ -25,6 +25,14 @@ class Request:
     method: str
     path: str
     query: dict[str, list[str]]
+    # Header names lower-cased; of a repeated header, the last.
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def wants_json(self) -> bool:
+        """`?format=json`, or an Accept header that names JSON (what scripts send)."""
+        if self.query.get("format", [""])[-1] == "json":
+            return True
+        return "application/json" in self.headers.get("accept", "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +109,13 @@ class AdminServer:
         handler = self.routes.get(url.path)
         if handler is None:
             return Response.text(404, f"no such page: {url.path}")
-        result = handler(Request(method, url.path, parse_qs(url.query, keep_blank_values=True)))
+        headers = {}
+        for header in raw.split(b"\r\n")[1:]:
+            name, sep, value = header.decode("latin-1").partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        result = handler(Request(method, url.path, parse_qs(url.query, keep_blank_values=True),
+                                 headers))
         if isinstance(result, Response):
             return result
         return await result

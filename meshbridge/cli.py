@@ -339,22 +339,6 @@ def apply_environment(parser: argparse.ArgumentParser,
         action.default = value
 
 
-# Help for flags that several subcommands take with one meaning, given where a
-# subcommand's own add_arguments leaves it out (so that every flag has help text).
-SHARED_HELP = {
-    "--node-id": "the xDS node id sent in every request",
-    "--cluster-domain": "the cluster's DNS domain (short names are expanded with it)",
-    "--log-level": "the least severe level logged",
-}
-
-
-def _fill_help(p: argparse.ArgumentParser) -> None:
-    for action in p._actions:
-        if action.help is None:
-            action.help = next((SHARED_HELP[o] for o in action.option_strings
-                                if o in SHARED_HELP), None)
-
-
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true",
                    help="on a failure, print the traceback as well as the reason")
@@ -387,7 +371,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         add: Callable[[argparse.ArgumentParser], None] = mod.add_arguments
         add(p)
-        _fill_help(p)
         p.set_defaults(func=mod.run)
     return parser
 

@@ -8,8 +8,10 @@
                            sent, version ACKed, SYNCED / STALE / NACKED (istiod's syncz;
                            `meshbridge status` prints it as a table)
     /debug/endpoints?authority=<svc>.<ns>.svc.<domain>:<port>[&node=<node>]
-                           that target's View as each protocol layer encodes it, side by
-                           side, with any difference in the endpoint sets flagged
+                           that target as the core View holds it and as each protocol
+                           layer encodes it, side by side (HTML, one row per endpoint
+                           address, differences highlighted; JSON with ?format=json or
+                           Accept: application/json)
 
 Protocol layers add a renderer to `App.renderers`: a function from a View to
 `(endpoints, message)`, where `endpoints` maps "ip:port" to the fields that protocol
@@ -20,12 +22,14 @@ from __future__ import annotations
 
 import html
 import json
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.authority import AuthorityError, format_authority, parse_authority
 from bridge.model import FilterKey, ViewKey
 from meshbridge.admin import Request, Response
+from meshbridge.stream_registry import human_time
 
 if TYPE_CHECKING:
     from bridge.views import View
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
 
 Renderer = Callable[["View"], tuple[dict[str, dict[str, Any]], Any]]
 
-_ENDPOINTS_PARAMS = {"authority", "node"}
+_ENDPOINTS_PARAMS = {"authority", "node", "format"}
 
 
 def _json(status: int, body: Any) -> Response:
@@ -89,6 +93,8 @@ def _endpoints(app: App, req: Request) -> Response:
     unknown = set(req.query) - _ENDPOINTS_PARAMS
     if unknown:
         return Response.text(400, f"unknown query parameter {sorted(unknown)[0]!r}")
+    if req.query.get("format", ["html"])[-1] not in ("html", "json"):
+        return Response.text(400, "format must be html or json")
     authority = req.query.get("authority", [""])[0]
     if not authority:
         return Response.text(400, "missing ?authority=<svc>.<ns>.svc.<domain>:<port>")
@@ -117,14 +123,108 @@ def _endpoints(app: App, req: Request) -> Response:
         for addr in sorted(union)
         if any(addr not in have for have in addresses.values())
     }
-    return _json(200, {
+    core = core_endpoints(view)
+    # The View's publish time is monotonic; people read wall-clock time.
+    published = human_time(time.time() - (time.monotonic() - view.published_at)) \
+        if view.published_at else None
+    doc = {
         "authority": authority,
         "version": view.version,
+        "published": published,
+        "view": {"endpoints": core},
         "protocols": {name: {"endpoints": eps, "message": msg}
                       for name, (eps, msg) in rendered.items()},
         "differences": differences,
         "agree": not differences,
-    })
+    }
+    if req.wants_json():
+        return _json(200, doc)
+    return Response(200, endpoints_page(doc).encode(), "text/html; charset=utf-8")
+
+
+def _address(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def core_endpoints(view: View) -> dict[str, dict[str, Any]]:
+    """What the core View holds, by "ip:port" (of two endpoints at one address, the
+    ready one, as both protocols choose)."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, r in sorted(view.snapshot.items(), key=lambda item: not item[1].endpoint.ready):
+        ep = r.endpoint
+        addr = _address(ep.ip, ep.port)
+        if addr in out:
+            continue
+        state = "ready" if ep.ready else "draining" if ep.serving and ep.terminating \
+            else "not ready"
+        out[addr] = {"state": state, "zone": ep.zone or "", "node": ep.node_name,
+                     "pod": ep.pod_name, "identity": ep.enrichment.identity,
+                     "weight": r.weight, "zone_locality": r.zone_locality}
+    return out
+
+
+_LABELS = {"linkerd": "Linkerd Get stream", "xds": "xDS ClusterLoadAssignment"}
+# Fields two columns both carry and must agree on where both set them.
+_COMPARED = ("zone", "identity")
+
+
+def _fields(fields: dict[str, Any], clash: set[str]) -> str:
+    return "<br>".join(
+        (f'<span class="clash">{html.escape(k)}</span>' if k in clash else html.escape(k))
+        + f" <b>{html.escape(str(v))}</b>"
+        for k, v in sorted(fields.items()) if v not in ("", None))
+
+
+def endpoints_page(doc: dict[str, Any]) -> str:
+    """/debug/endpoints as a person reads it: one row per endpoint address, one column
+    per holder (the core View, then each protocol), what differs highlighted."""
+    columns: list[tuple[str, str, dict[str, dict[str, Any]]]] = [
+        ("view", "core View", doc["view"]["endpoints"])]
+    columns += [(name, _LABELS.get(name, name), p["endpoints"])
+                for name, p in sorted(doc["protocols"].items())]
+    protocols = [eps for name, _, eps in columns if name != "view"]
+    rows = []
+    for addr in sorted(set().union(*(eps for _, _, eps in columns))):
+        core = doc["view"]["endpoints"].get(addr)
+        # Every protocol announces a ready endpoint and nothing the View lacks; where
+        # protocols split over a draining one, that is a difference too.
+        differs = addr in doc["differences"] or any(
+            (core is not None and core["state"] == "ready" and addr not in eps)
+            or (core is None and addr in eps) for eps in protocols)
+        held = [eps[addr] for _, _, eps in columns if addr in eps]
+        clash = {f for f in _COMPARED
+                 if len({h[f] for h in held if h.get(f)}) > 1}
+        cells = []
+        for _, _, eps in columns:
+            if addr not in eps:
+                cells.append('<td class="absent">absent</td>' if differs else
+                             '<td class="omitted">not announced</td>')
+                continue
+            cells.append(f'<td class="{"clash" if clash else "held"}">'
+                         f'{_fields(eps[addr], clash)}</td>')
+        cls = "differ" if differs or clash else "same"
+        rows.append(f'<tr class="{cls}"><td>{html.escape(addr)}</td>{"".join(cells)}</tr>')
+    heads = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in columns)
+    verdict = ("every holder agrees" if not any('class="differ"' in r for r in rows)
+               else "the holders differ (highlighted)")
+    authority = html.escape(doc["authority"])
+    rendered = human_time(time.time())
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{authority} - meshbridge</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 10px;text-align:left;
+vertical-align:top;border-bottom:1px solid #ddd}}table{{border-collapse:collapse}}
+th{{border-bottom:1px solid #999}}tr.differ{{background:#fde2e2}}
+td.absent{{color:#b00;font-weight:bold}}td.omitted{{color:#888}}.clash{{color:#b00}}
+</style></head>
+<body><h1>{authority}</h1>
+<p>View version <b>{html.escape(str(doc["version"]))}</b>, published
+<span id="published">{html.escape(doc["published"] or "never")}</span> &middot;
+rendered <span id="rendered">{rendered}</span> &middot;
+<b id="verdict">{verdict}</b> &middot;
+<a href="?authority={authority}&amp;format=json">JSON</a> &middot; <a href="/">index</a></p>
+<table id="endpoints"><tr><th>address</th>{heads}</tr>{"".join(rows)}</table>
+</body></html>
+"""
 
 
 def _cell(value: object) -> str:

@@ -66,8 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit after this many responses (default: run until stopped)")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="fail if a response takes longer than this many seconds")
-    parser.add_argument("--node-id", default="meshbridge-xds-client")
-    parser.add_argument("--cluster-domain", default="cluster.local")
+    parser.add_argument("--node-id", default="meshbridge-xds-client",
+                        help="the xDS node id sent in every request")
+    parser.add_argument("--cluster-domain", default="cluster.local",
+                        help="the cluster's DNS domain (short names are expanded with it)")
     add_tls_arguments(parser)
 
 

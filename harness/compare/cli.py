@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     parser.add_argument("--plain", action="store_true",
                         help="no live view: phase lines only (the default when not a TTY)")
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-level", default="warning",
+                        help="the least severe level logged")
     for module in SERVER_LAYERS:
         mod = load_optional(module)
         add = getattr(mod, "add_arguments", None) if mod is not None else None

@@ -66,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     linkerd.add_argument("--token", default="",
                          help='context token, e.g. {"ns":"shop","nodeName":"node-a"}')
     xds = p.add_argument_group("--api xds")
-    xds.add_argument("--node-id", default="meshbridge-shadow")
+    xds.add_argument("--node-id", default="meshbridge-shadow",
+                     help="the xDS node id sent in every request")
     xds.add_argument("--node-zone", default="", help="the node's locality zone")
     xds.add_argument("--delta", action="store_true", help="incremental ADS (default SotW)")
     xds.add_argument("--theirs-eds-name", default="{authority}", metavar="TEMPLATE",

@@ -167,10 +167,11 @@ class PolicyService:
         self.stopping = False
         self.noted: set[tuple[str, ...]] = set()  # problems already logged once
         self.open_streams = prometheus_client.Gauge(
-            "policy_streams", "Open Linkerd policy API streams", ["method"],
+            "meshbridge_policy_streams", "Open Linkerd policy API streams", ["method"],
             registry=host.metrics)
         self.refused = prometheus_client.Counter(
-            "policy_requests_refused", "Linkerd policy API requests refused, by status",
+            "meshbridge_policy_requests_refused",
+            "Linkerd policy API requests refused, by status",
             ["method", "code"], registry=host.metrics)
         host.cluster.add_listener(self._on_change, ListenerStage.RESOURCES)
 

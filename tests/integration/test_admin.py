@@ -58,6 +58,7 @@ async def test_debug_pages_reject_bad_requests_with_one_line(
         "/debug/endpoints?authority=web": 400,
         "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80&bogus=1": 400,
         "/debug/endpoints?authority=nope.emojivoto.svc.cluster.local:80": 404,
+        "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80&format=xml": 400,
         "/debug/nothing": 404,
     }
     for path, expected in cases.items():
@@ -70,14 +71,34 @@ async def test_debug_endpoints_shows_the_target_and_an_index_page_links_services
     make_app: Any, demo_dir: Path
 ) -> None:
     app = await make_app(demo_dir)
-    status, body = await get(app, "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80")
+    status, body = await get(
+        app, "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80&format=json")
     assert status == 200
     doc = json.loads(body)
     assert doc["agree"] is True and doc["version"] >= 1
     assert set(doc["protocols"]) == set(app.renderers)
+    assert doc["view"]["endpoints"]["10.244.3.10:8080"]["state"] == "draining"
+    assert doc["published"].endswith("Z")
     status, page = await get(app, "/")
     assert status == 200
     assert "catalog.shop.svc.cluster.local:80" in page and "<table id=\"services\">" in page
+
+
+async def test_debug_endpoints_is_html_unless_json_is_asked_for(
+    make_app: Any, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir)
+    url = f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80"
+
+    def fetch_as(accept: str) -> tuple[str, bytes]:
+        req = urllib.request.Request(url, headers={"Accept": accept})
+        with urllib.request.urlopen(req, timeout=3) as r:
+            return r.headers["Content-Type"], r.read()
+
+    kind, body = await asyncio.to_thread(fetch_as, "text/html,*/*")
+    assert kind.startswith("text/html") and b'<table id="endpoints">' in body
+    kind, body = await asyncio.to_thread(fetch_as, "application/json")
+    assert kind == "application/json" and json.loads(body)["agree"] is True
 
 
 async def test_ready_says_why_while_the_manifest_folder_is_empty_and_recovers(

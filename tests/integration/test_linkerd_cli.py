@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from linkerd_api.endpoint_streams import Semantics
+from linkerd_api.service import LinkerdOptions
 from tests.integration.linkerd_support import DEADLINE, edit
 
 AppFactory = Any
@@ -110,6 +114,27 @@ async def test_get_with_a_timeout_prints_what_came_and_exits_0(
                              "--timeout", "1", "--token", "not json")
     assert rc == 0 and out == "no_endpoints exists=true\n"
     assert "will not understand this --token" in err
+
+
+@pytest.mark.parametrize("command", ["get", "profile"])
+@pytest.mark.parametrize("semantics", ["proto", "linkerd-2.20"])
+async def test_a_name_that_matches_no_service_is_one_line_and_exit_1(
+        make_app: AppFactory, demo_dir: Path, command: str, semantics: Semantics) -> None:
+    # proto answers no_endpoints{exists: false}, Linkerd 2.20 NOT_FOUND; GetProfile
+    # answers either with a default profile, so `profile` asks Get first.
+    app = await make_app(demo_dir, layer_options=(LinkerdOptions(semantics=semantics),))
+    rc, out, err = await run(app, command, "nope.emojivoto:80", "--timeout", "10")
+    assert rc == 1 and out == ""
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: "), err
+    assert "nope.emojivoto.svc.cluster.local:80" in err or "nope.emojivoto not found" in err
+
+
+async def test_profile_of_a_service_with_no_endpoints_is_still_an_answer(
+        make_app: AppFactory, demo_dir: Path) -> None:
+    app = await make_app(demo_dir)
+    rc, out, _ = await run(app, "profile", "payments.shop:8080", "--count", "1")
+    assert rc == 0 and out.startswith("profile  fqn=payments.shop.svc.cluster.local")
 
 
 async def test_get_says_when_the_server_ends_the_stream(

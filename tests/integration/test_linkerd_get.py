@@ -225,7 +225,7 @@ async def test_a_missing_service_retried_by_a_proxy_is_logged_once_and_counted_e
     assert [e["authority"] for e in refusals] == ["nope.shop.svc.cluster.local:80",
                                                   "gone.shop.svc.cluster.local:80"]
     assert all(e["unlogged_repeats"] == 0 for e in refusals)
-    assert metric(app, "destination_requests_refused_total",
+    assert metric(app, "meshbridge_destination_requests_refused_total",
                   {"method": "Get", "code": "NOT_FOUND"}) == 6
 
 
@@ -430,7 +430,7 @@ async def test_a_refusal_is_logged_once_with_the_peer_and_other_streams_go_on(
         assert all(e["peer"].startswith("ipv4:127.0.0.1:") for e in refusals)
         assert refusals[0]["reason"].endswith("invalid port 0")
         assert refusals[1]["reason"] == "request is not a GetDestination message"
-        assert metric(app, "destination_requests_refused_total",
+        assert metric(app, "meshbridge_destination_requests_refused_total",
                       {"method": "Get", "code": "INVALID_ARGUMENT"}) == 2
         edit(demo_dir, _set_ready("10.244.1.10", False))
         assert describe(await healthy.next()) == ("remove", ["10.244.1.10:8080"])
@@ -465,7 +465,7 @@ async def test_a_port_the_service_does_not_declare_is_served_as_the_target_port(
 
 
 async def _until_subscribed(app: Any, n: int, method: str = "Get") -> None:
-    await eventually(lambda: metric(app, "destination_streams", {"method": method}) >= n,
+    await eventually(lambda: metric(app, "meshbridge_destination_streams", {"method": method}) >= n,
                      why=f"timed out waiting for {n} {method} streams to be open")
 
 
@@ -484,7 +484,7 @@ async def test_streams_are_listed_for_debugging_and_counted(
         assert state.subscribed == (WEB,) and int(state.last_sent_version) >= 1
         stream.cancel()
         await eventually(lambda: not app.streams.all()
-                         and not metric(app, "destination_streams", {"method": "Get"}),
+                         and not metric(app, "meshbridge_destination_streams", {"method": "Get"}),
                          why="timed out waiting for the cancelled stream to be forgotten")
 
 

@@ -20,6 +20,7 @@ from tests.conftest import AppFactory
 from tests.integration.test_admin_browser import dump_dom
 from tests.polling import eventually
 from xds_api import resource_types as rt
+from xds_api.service import XdsOptions
 
 WEB = "web.emojivoto.svc.cluster.local:80"
 TOKEN = '{"ns":"emojivoto","nodeName":"node-a"}'
@@ -99,3 +100,39 @@ def test_status_without_a_server_is_one_line_and_exit_1() -> None:
                          timeout=60)
     assert out.returncode == 1 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "127.0.0.1:1" in out.stderr
+
+
+async def test_endpoints_page_puts_the_view_and_both_protocols_side_by_side_in_a_browser(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    # With DRAINING on, xDS sends the terminating web pod that Linkerd leaves out: the
+    # one real difference between the protocols the demo has, and it must stand out.
+    app: App = await make_app(demo_dir, layer_options=(XdsOptions(draining=True),))
+    dom = await asyncio.to_thread(
+        dump_dom, f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={WEB}",
+        tmp_path / "profile")
+    assert "<th>core View</th><th>Linkerd Get stream</th><th>xDS ClusterLoadAssignment</th>" \
+        in dom
+    rows = {r.split("</td>")[0]: r for r in dom.split('<tr class="')[1:]
+            for r in [r.split("<td>", 1)[1]] if "</td>" in r}
+    assert set(rows) == {"10.244.1.10:8080", "10.244.2.10:8080", "10.244.3.10:8080"}
+    ready = dom.split('<tr class="')[1:]
+    kinds = {r.split("<td>", 1)[1].split("</td>")[0]: r.split('"', 1)[0] for r in ready}
+    assert kinds == {"10.244.1.10:8080": "same", "10.244.2.10:8080": "same",
+                     "10.244.3.10:8080": "differ"}
+    draining = rows["10.244.3.10:8080"]
+    assert "state <b>draining</b>" in draining and "health <b>DRAINING</b>" in draining
+    assert '<td class="absent">absent</td>' in draining  # Linkerd's cell
+    assert "the holders differ" in dom
+    published = dom.split('<span id="published">', 1)[1].split("<", 1)[0]
+    assert published.endswith("Z") and "T" in published, published
+
+
+async def test_endpoints_page_of_agreeing_protocols_says_so(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    app: App = await make_app(demo_dir)
+    dom = await asyncio.to_thread(
+        dump_dom, f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={WEB}",
+        tmp_path / "profile")
+    assert "every holder agrees" in dom and 'class="differ"' not in dom
+    # The terminating pod is in the View, and neither protocol announces it.
+    assert dom.count('<td class="omitted">not announced</td>') == 2

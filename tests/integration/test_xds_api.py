@@ -276,7 +276,7 @@ async def test_debug_pages_show_xds_streams_and_the_cla(demo_dir: Path,
                 resp.version_info
             return ok, mine
         await eventually(acked, 5.0, "the stream and its ACK on /debug/streams")
-        page = await asyncio.to_thread(get, f"/debug/endpoints?authority={WEB}")
+        page = await asyncio.to_thread(get, f"/debug/endpoints?authority={WEB}&format=json")
         xds = page["protocols"]["xds"]
         assert set(xds["endpoints"]) == {"10.244.1.10:8080", "10.244.2.10:8080"}
         assert xds["endpoints"]["10.244.1.10:8080"]["health"] == "HEALTHY"

@@ -22,7 +22,7 @@ CATALOG = "catalog.shop.svc.cluster.local:80"
 
 
 def endpoints_page(app: App, authority: str) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={authority}"
+    url = f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={authority}&format=json"
     with urllib.request.urlopen(url, timeout=5) as resp:
         page: dict[str, Any] = json.loads(resp.read())
     return page
