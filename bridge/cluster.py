@@ -47,9 +47,15 @@ class Event:
 @dataclass(slots=True)
 class ClusterChange:
     """What one batch changed. `all_services` is set when something every service may
-    depend on changed (a Node's zone, a ReplicaSet's owner) in a namespace-less way."""
+    depend on changed (a Node's zone, a ReplicaSet's owner) in a namespace-less way.
+
+    `services` is every service touched in any way; `service_objects` those whose
+    Service object itself changed, and `slices` the slices that changed, by service
+    (the old service too when a slice moved), so a consumer can redo only those."""
 
     services: set[ServiceKey] = field(default_factory=set)
+    service_objects: set[ServiceKey] = field(default_factory=set)
+    slices: dict[ServiceKey, set[SliceKey]] = field(default_factory=dict)
     pods: set[PodKey] = field(default_factory=set)
     profiles: set[tuple[str, str]] = field(default_factory=set)
     namespaces: set[str] = field(default_factory=set)  # every service in these changed
@@ -106,6 +112,11 @@ class Cluster:
         # Bumped whenever an object that enrichment reads besides pods and slices
         # changes (Nodes, ReplicaSets, Jobs, Servers), so memoised enrichment can tell.
         self.enrich_epoch = 0
+        # A stamp per service, renewed whenever one of its slices changes: what is read
+        # from a service's slices as a whole (Linkerd's set labels) can be kept until
+        # the stamp moves. Stamps are never reused, even after a service goes.
+        self.slice_stamps: dict[ServiceKey, int] = {}
+        self._stamp = 0
         self.nodes: dict[str, Node] = {}
         self.replicasets: dict[PodKey, ReplicaSet] = {}
         self.jobs: dict[PodKey, Job] = {}
@@ -210,6 +221,7 @@ class Cluster:
                 if self.services.get(key) != obj:
                     self.services[key] = obj
                     change.services.add(key)
+                    change.service_objects.add(key)
             case EndpointSlice():
                 skey = (obj.kind, obj.meta.namespace, obj.meta.name)
                 old = self.slices.get(skey)
@@ -227,6 +239,7 @@ class Cluster:
                         self._pod_refs[ref] = self._pod_refs.get(ref, 0) + 1
                         self.services_by_pod[pkey].add(svc)
                 change.services.add(svc)
+                self._slice_changed(svc, skey, change)
             case Pod():
                 pkey = (obj.meta.namespace, obj.meta.name)
                 old_pod = self.pods.get(pkey)
@@ -251,18 +264,24 @@ class Cluster:
                     self.enrich_epoch += 1
             case ReplicaSet():
                 rkey = (obj.meta.namespace, obj.meta.name)
-                if self.replicasets.get(rkey) == obj:
+                old_rs = self.replicasets.get(rkey)
+                if old_rs == obj:
                     return
                 self.replicasets[rkey] = obj
-                change.namespaces.add(obj.meta.namespace)
-                self.enrich_epoch += 1
+                # Only its owners are read (a pod's workload): a status update, as a
+                # rolling restart makes many of, is no change to any endpoint.
+                if old_rs is None or old_rs.meta.owners != obj.meta.owners:
+                    change.namespaces.add(obj.meta.namespace)
+                    self.enrich_epoch += 1
             case Job():
                 jkey = (obj.meta.namespace, obj.meta.name)
-                if self.jobs.get(jkey) == obj:
+                old_job = self.jobs.get(jkey)
+                if old_job == obj:
                     return
                 self.jobs[jkey] = obj
-                change.namespaces.add(obj.meta.namespace)
-                self.enrich_epoch += 1
+                if old_job is None or old_job.meta.owners != obj.meta.owners:
+                    change.namespaces.add(obj.meta.namespace)
+                    self.enrich_epoch += 1
             case Server():
                 if self.servers[obj.meta.namespace].get(obj.meta.name) == obj:
                     return
@@ -284,6 +303,7 @@ class Cluster:
             case Service():
                 if self.services.pop(ServiceKey(ns, name), None) is not None:
                     change.services.add(ServiceKey(ns, name))
+                    change.service_objects.add(ServiceKey(ns, name))
             case EndpointSlice():
                 skey = (obj.kind, ns, name)
                 old = self.slices.pop(skey, None)
@@ -342,3 +362,12 @@ class Cluster:
                     if not owners:
                         del self.services_by_pod[pkey]
         change.services.add(svc)
+        self._slice_changed(svc, skey, change)
+
+    def _slice_changed(self, svc: ServiceKey, skey: SliceKey, change: ClusterChange) -> None:
+        change.slices.setdefault(svc, set()).add(skey)
+        if svc in self.slices_by_service:
+            self._stamp += 1
+            self.slice_stamps[svc] = self._stamp
+        else:
+            self.slice_stamps.pop(svc, None)
