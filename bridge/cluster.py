@@ -112,9 +112,10 @@ class Cluster:
         # Bumped whenever an object that enrichment reads besides pods and slices
         # changes (Nodes, ReplicaSets, Jobs, Servers), so memoised enrichment can tell.
         self.enrich_epoch = 0
-        # A stamp per service, renewed whenever one of its slices changes: what is read
-        # from a service's slices as a whole (Linkerd's set labels) can be kept until
-        # the stamp moves. Stamps are never reused, even after a service goes.
+        # A stamp per service, renewed whenever one of its slices comes, goes or changes
+        # its labels or annotations (not its endpoints): what is read from the slices'
+        # metadata as a whole (Linkerd's set labels) can be kept until the stamp moves.
+        # Stamps are never reused, even after a service goes.
         self.slice_stamps: dict[ServiceKey, int] = {}
         self._stamp = 0
         self.nodes: dict[str, Node] = {}
@@ -227,8 +228,10 @@ class Cluster:
                 old = self.slices.get(skey)
                 if old == obj:
                     return
+                meta = old is None or (old.meta.labels, old.meta.annotations) != (
+                    obj.meta.labels, obj.meta.annotations)
                 if old is not None:
-                    self._unindex_slice(skey, old, change)
+                    self._unindex_slice(skey, old, change, meta)
                 self.slices[skey] = obj
                 svc = ServiceKey(obj.meta.namespace, obj.service_name)
                 self.slices_by_service[svc].add(skey)
@@ -239,7 +242,7 @@ class Cluster:
                         self._pod_refs[ref] = self._pod_refs.get(ref, 0) + 1
                         self.services_by_pod[pkey].add(svc)
                 change.services.add(svc)
-                self._slice_changed(svc, skey, change)
+                self._slice_changed(svc, skey, change, meta)
             case Pod():
                 pkey = (obj.meta.namespace, obj.meta.name)
                 old_pod = self.pods.get(pkey)
@@ -340,7 +343,8 @@ class Cluster:
             case Namespace():
                 self.namespaces.pop(name, None)
 
-    def _unindex_slice(self, skey: SliceKey, old: EndpointSlice, change: ClusterChange) -> None:
+    def _unindex_slice(self, skey: SliceKey, old: EndpointSlice, change: ClusterChange,
+                       metadata: bool = True) -> None:
         svc = ServiceKey(old.meta.namespace, old.service_name)
         keys = self.slices_by_service.get(svc)
         if keys is not None:
@@ -362,10 +366,13 @@ class Cluster:
                     if not owners:
                         del self.services_by_pod[pkey]
         change.services.add(svc)
-        self._slice_changed(svc, skey, change)
+        self._slice_changed(svc, skey, change, metadata)
 
-    def _slice_changed(self, svc: ServiceKey, skey: SliceKey, change: ClusterChange) -> None:
+    def _slice_changed(self, svc: ServiceKey, skey: SliceKey, change: ClusterChange,
+                       metadata: bool) -> None:
         change.slices.setdefault(svc, set()).add(skey)
+        if not metadata:
+            return
         if svc in self.slices_by_service:
             self._stamp += 1
             self.slice_stamps[svc] = self._stamp
