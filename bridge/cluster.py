@@ -9,7 +9,7 @@ a change, so it reaches no subscriber.
 from __future__ import annotations
 
 import enum
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -230,6 +230,20 @@ class Cluster:
                     return
                 meta = old is None or (old.meta.labels, old.meta.annotations) != (
                     obj.meta.labels, obj.meta.annotations)
+                if old is not None and old.service_name == obj.service_name:
+                    # An update in place: only the pods it stops or starts naming are
+                    # indexed again, so an update costs what changed in the slice.
+                    svc = ServiceKey(obj.meta.namespace, obj.service_name)
+                    before, after = _pod_keys(old), _pod_keys(obj)
+                    if before != after:
+                        had, has = Counter(before), Counter(after)
+                        for pkey in had.keys() | has.keys():
+                            if had[pkey] != has[pkey]:
+                                self._count_ref(svc, pkey, has[pkey] - had[pkey])
+                    self.slices[skey] = obj
+                    change.services.add(svc)
+                    self._slice_changed(svc, skey, change, meta)
+                    return
                 if old is not None:
                     self._unindex_slice(skey, old, change, meta)
                 self.slices[skey] = obj
@@ -368,6 +382,21 @@ class Cluster:
         change.services.add(svc)
         self._slice_changed(svc, skey, change, metadata)
 
+    def _count_ref(self, svc: ServiceKey, pkey: PodKey, delta: int) -> None:
+        """Count `delta` more (or fewer) slice entries of `svc` naming `pkey`."""
+        ref = (svc, pkey)
+        left = self._pod_refs.get(ref, 0) + delta
+        if left > 0:
+            self._pod_refs[ref] = left
+            self.services_by_pod[pkey].add(svc)
+            return
+        self._pod_refs.pop(ref, None)
+        owners = self.services_by_pod.get(pkey)
+        if owners is not None:
+            owners.discard(svc)
+            if not owners:
+                del self.services_by_pod[pkey]
+
     def _slice_changed(self, svc: ServiceKey, skey: SliceKey, change: ClusterChange,
                        metadata: bool) -> None:
         change.slices.setdefault(svc, set()).add(skey)
@@ -378,3 +407,8 @@ class Cluster:
             self.slice_stamps[svc] = self._stamp
         else:
             self.slice_stamps.pop(svc, None)
+
+
+def _pod_keys(slice_: EndpointSlice) -> list[PodKey]:
+    return [(t.namespace, t.name) for ep in slice_.endpoints
+            if (t := ep.target) is not None and t.kind == "Pod"]

@@ -32,8 +32,9 @@ log = structlog.get_logger("meshbridge.views")
 EMPTY_ENDPOINTS: Mapping[EndpointId, Endpoint] = MappingProxyType({})
 
 _SliceKey = tuple[str, str, str]
-# One slice entry's enrichment, by (entry, address): (pod object, cluster epoch, result).
-EnrichMemo = dict[tuple[SliceEndpoint, str], tuple["Pod | None", int, "Endpoint | None"]]
+# A slice's enrichment results by address: (slice entry, pod object, cluster epoch,
+# result). Keyed by the address (a string, hashed once) and checked against the entry.
+EnrichMemo = dict[str, tuple[SliceEndpoint, "Pod | None", int, "Endpoint | None"]]
 
 
 @dataclass(slots=True)
@@ -43,9 +44,8 @@ class _SliceState:
     obj: EndpointSlice
     port: int | None  # the slice's port for the service port; None: contributes nothing
     endpoints: dict[EndpointId, Endpoint]
-    # Index into obj.endpoints of every servable entry naming each pod, so a pod
-    # change redoes only that pod's entries.
-    pods: dict[PodKey, list[int]]
+    # The servable entries naming each pod, so a pod change redoes only those.
+    pods: dict[PodKey, list[SliceEndpoint]]
     memo: EnrichMemo
 
 
@@ -152,13 +152,15 @@ class PortPublisher:
         touched: set[EndpointId] = set()
         for skey in sorted(change.slices.get(self.service, ())):
             old = self._slices.get(skey)
-            if old is not None:
-                touched.update(self._remove_slice(skey, old))
             obj = cluster.slices.get(skey)
             if obj is not None and obj.service_name == self.service.name:
                 touched.update(self._add_slice(skey, obj, old))
+            elif old is not None:
+                touched.update(self._remove_slice(skey, old))
         pods = change.pods
-        if len(pods) <= len(self._pod_slices):
+        if not pods:
+            mine = []
+        elif len(pods) <= len(self._pod_slices):
             mine = [p for p in pods if p in self._pod_slices]
         else:
             mine = [p for p in self._pod_slices if p in pods]
@@ -182,45 +184,124 @@ class PortPublisher:
 
     def _add_slice(self, skey: _SliceKey, obj: EndpointSlice,
                    old: _SliceState | None) -> set[EndpointId]:
+        """Make `obj` the slice at `skey` (replacing `old`): the ids it may have changed.
+
+        Entries whose address, entry and pod are what they were keep their results, and
+        the slice's endpoints are the old ones with only the changed addresses redone,
+        so an update costs one comparison per entry plus what changed."""
         port = _resolve_slice_port(obj, self._target)
-        reuse: EnrichMemo = {}
-        if (old is not None and old.port == port and old.obj.address_type == obj.address_type
-                and _slice_annotations(old.obj) == _slice_annotations(obj)):
-            reuse = old.memo
-        state = _SliceState(obj, port, {}, {}, {})
+        # `old` is the slice's current state (an update), or one from before a reload.
+        registered = old is not None and self._slices.get(skey) is old
+        compatible = (old is not None and old.port == port
+                      and old.obj.address_type == obj.address_type
+                      and _slice_annotations(old.obj) == _slice_annotations(obj))
+        prior = old.memo if old is not None and compatible else {}
+        cluster = self._cluster
+        pods_of, epoch = cluster.pods, cluster.enrich_epoch
+        memo: EnrichMemo = {}
+        pods: dict[PodKey, list[SliceEndpoint]] = {}
+        fresh: list[str] = []  # addresses enriched anew
         if port is not None:
-            for index, sep in enumerate(obj.endpoints):
+            for sep in obj.endpoints:
                 # Linkerd drops only endpoints explicitly not ready; we also keep those
                 # that still serve while terminating, so xDS can send them as DRAINING.
                 # Each protocol applies its own readiness policy to the conditions kept.
                 if not sep.ready and not (sep.serving and sep.terminating):
                     continue
                 target = sep.target
+                pod = None
                 if target is not None and target.kind == "Pod":
                     pkey = (target.namespace, target.name)
-                    state.pods.setdefault(pkey, []).append(index)
-                    self._pod_slices.setdefault(pkey, set()).add(skey)
-                for ep in self._entry(obj, sep, port, reuse, state.memo):
-                    state.endpoints[ep.id] = ep
-        self._slices[skey] = state
-        for i in state.endpoints:
-            self._owners.setdefault(i, set()).add(skey)
-        return set(state.endpoints)
+                    pods.setdefault(pkey, []).append(sep)
+                    pod = pods_of.get(pkey)
+                for ip in sep.addresses:
+                    hit = prior.get(ip)
+                    if (hit is not None and hit[1] is pod and hit[2] == epoch
+                            and (hit[0] is sep or hit[0] == sep)):
+                        memo[ip] = hit
+                    else:
+                        memo[ip] = (sep, pod, epoch, self._enrich(obj, sep, target, pod, ip,
+                                                                  port))
+                        fresh.append(ip)
+        touched: set[EndpointId] | None = None
+        if registered and compatible:
+            assert old is not None
+            touched = self._patch_endpoints(skey, old, memo, fresh)
+        if touched is None:
+            # A new slice, one whose port or family changed, or two entries giving
+            # one id (then the entries' order decides): build the slice's set anew.
+            touched = self._remove_slice(skey, old) if registered and old else set()
+            endpoints = {e[3].id: e[3] for e in memo.values() if e[3] is not None}
+            self._slices[skey] = _SliceState(obj, port, endpoints, pods, memo)
+            for i in endpoints:
+                self._owners.setdefault(i, set()).add(skey)
+            for pkey in pods:
+                self._pod_slices.setdefault(pkey, set()).add(skey)
+            return touched | set(endpoints)
+        assert old is not None
+        old_pods = old.pods
+        if pods.keys() != old_pods.keys():
+            for pkey in old_pods.keys() - pods.keys():
+                self._unindex_pod(pkey, skey)
+            for pkey in pods.keys() - old_pods.keys():
+                self._pod_slices.setdefault(pkey, set()).add(skey)
+        old.obj, old.pods, old.memo = obj, pods, memo
+        return touched
+
+    def _patch_endpoints(self, skey: _SliceKey, state: _SliceState, memo: EnrichMemo,
+                         fresh: list[str]) -> set[EndpointId] | None:
+        """Apply to `state.endpoints` what the addresses in `fresh` and those no longer
+        in `memo` changed; None when two entries give one id (then the order of the
+        entries decides, and the caller redoes the set)."""
+        prior = state.memo
+        gone = list(prior.keys() - memo.keys())
+        if not gone and not fresh:
+            return set()
+        endpoints = dict(state.endpoints)  # a copy (no rehashing): `state` stays whole on None
+        touched: set[EndpointId] = set()
+        for ip in (*gone, *fresh):
+            old = prior.get(ip)
+            ep = old[3] if old is not None else None
+            if ep is not None:
+                if endpoints.get(ep.id) is not ep:
+                    return None
+                del endpoints[ep.id]
+                touched.add(ep.id)
+        for ip in fresh:
+            ep = memo[ip][3]
+            if ep is not None:
+                if ep.id in endpoints:
+                    return None
+                endpoints[ep.id] = ep
+                touched.add(ep.id)
+        state.endpoints = endpoints
+        for i in touched:
+            if i in endpoints:
+                self._owners.setdefault(i, set()).add(skey)
+            else:
+                self._unown(i, skey)
+        return touched
+
+    def _unown(self, i: EndpointId, skey: _SliceKey) -> None:
+        keys = self._owners.get(i)
+        if keys is not None:
+            keys.discard(skey)
+            if not keys:
+                del self._owners[i]
+
+    def _unindex_pod(self, pkey: PodKey, skey: _SliceKey) -> None:
+        skeys = self._pod_slices.get(pkey)
+        if skeys is not None:
+            skeys.discard(skey)
+            if not skeys:
+                del self._pod_slices[pkey]
 
     def _remove_slice(self, skey: _SliceKey, state: _SliceState) -> set[EndpointId]:
         del self._slices[skey]
         for i in state.endpoints:
-            keys = self._owners.get(i)
-            if keys is not None:
-                keys.discard(skey)
-                if not keys:
-                    del self._owners[i]
+            self._unown(i, skey)
         for pkey in state.pods:
-            skeys = self._pod_slices.get(pkey)
-            if skeys is not None:
-                skeys.discard(skey)
-                if not skeys:
-                    del self._pod_slices[pkey]
+            self._unindex_pod(pkey, skey)
         return set(state.endpoints)
 
     def _redo_pod(self, skey: _SliceKey, pkey: PodKey) -> set[EndpointId]:
@@ -228,50 +309,25 @@ class PortPublisher:
         state = self._slices[skey]
         assert state.port is not None
         eid = EndpointId("pod", pkey[0], pkey[1], state.obj.address_type)
-        memo = state.memo
+        pod = self._cluster.pods.get(pkey)
+        epoch = self._cluster.enrich_epoch
         new: Endpoint | None = None
-        for index in state.pods.get(pkey, ()):
-            sep = state.obj.endpoints[index]
-            for ep in self._entry(state.obj, sep, state.port, memo, memo):
-                new = ep
+        for sep in state.pods.get(pkey, ()):
+            for ip in sep.addresses:
+                ep = self._enrich(state.obj, sep, sep.target, pod, ip, state.port)
+                state.memo[ip] = (sep, pod, epoch, ep)
+                if ep is not None:
+                    new = ep
         old = state.endpoints.get(eid)
         if new is None:
             if old is None:
                 return set()
             del state.endpoints[eid]
-            keys = self._owners.get(eid)
-            if keys is not None:
-                keys.discard(skey)
-                if not keys:
-                    del self._owners[eid]
+            self._unown(eid, skey)
         else:
             state.endpoints[eid] = new
             self._owners.setdefault(eid, set()).add(skey)
         return {eid}
-
-    def _entry(self, slice_: EndpointSlice, sep: SliceEndpoint, port: int,
-               memo: EnrichMemo, used: EnrichMemo) -> list[Endpoint]:
-        """One slice entry's endpoints, enriched. An address whose inputs are the very
-        objects it was last enriched from (same slice entry, same pod object, no change
-        to nodes, ReplicaSets or Servers since) is reused."""
-        cluster = self._cluster
-        epoch = cluster.enrich_epoch
-        target = sep.target
-        pod = None
-        if target is not None and target.kind == "Pod":
-            pod = cluster.pods.get((target.namespace, target.name))
-        out: list[Endpoint] = []
-        for ip in sep.addresses:
-            key = (sep, ip)
-            hit = memo.get(key)
-            if hit is not None and hit[0] is pod and hit[1] == epoch:
-                ep: Endpoint | None = hit[2]
-            else:
-                ep = self._enrich(slice_, sep, target, pod, ip, port)
-            used[key] = (pod, epoch, ep)
-            if ep is not None:
-                out.append(ep)
-        return out
 
     def _enrich(self, slice_: EndpointSlice, sep: SliceEndpoint, target: TargetRef | None,
                 pod: Pod | None, ip: str, port: int) -> Endpoint | None:

@@ -84,6 +84,10 @@ def _random_slice(rng: random.Random, name: str, v6: bool) -> dict[str, Any]:
         entries.append(endpoint(_ip(i, v6), PODS[i], ready=rng.random() < 0.85, zone=zone,
                                 node="node-a" if zone == "zone-a" else "node-b",
                                 hints=hints, **extra))
+    if entries and rng.random() < 0.15:
+        # The same pod listed twice, at another address: the later entry wins.
+        i = rng.randrange(len(PODS))
+        entries.append(endpoint(f"fd00::9:{i}" if v6 else f"10.0.9.{i}", PODS[i]))
     return endpoint_slice(name, "web", entries, family="IPv6" if v6 else "IPv4")
 
 
