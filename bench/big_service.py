@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import time
@@ -165,9 +166,9 @@ async def measure_latency(endpoints: int, streams: int, rate: float,
 
 
 def _percentile(values: list[float], p: float) -> float:
+    """Nearest rank: the smallest value at least p% of the values do not exceed."""
     ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
-    return ordered[k]
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
