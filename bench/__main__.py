@@ -1,6 +1,6 @@
 """`make bench` / `python -m bench`: every headline figure in one table.
 
-    python -m bench [--quick] [--only fanout,memory,churn,connect,encode] [--out FILE]
+    python -m bench [--quick] [--only fanout,memory,churn,connect,encode,bigservice] [--out FILE]
     python -m bench NAME...      run benchmark modules by name, each printing its own
                                  report (e.g. `python -m bench xds_fanout`)
 
@@ -46,6 +46,7 @@ FULL: dict[str, list[list[str]]] = {
     "connect": [["connect", "--runs", "3"], ["connect", "--runs", "3",
                                              "--clients-kind", "grpcio"]],
     "encode": [["encode", "--runs", "5"]],
+    "bigservice": [["big_service", "--runs", "5"]],
 }
 QUICK: dict[str, list[list[str]]] = {
     "fanout": [["fanout", "--protocol", p, "--streams", "100", "--runs", "3",
@@ -55,8 +56,11 @@ QUICK: dict[str, list[list[str]]] = {
     "connect": [["connect", "--runs", "1", "--clients", "60", "--services", "50",
                  "--procs", "1"]],
     "encode": [["encode", "--runs", "2", "--changes", "20", "--endpoints", "10,100"]],
+    "bigservice": [["big_service", "--runs", "1", "--changes", "20", "--endpoints",
+                    "100,1000", "--latency-endpoints", "1000", "--latency-changes", "10",
+                    "--latency-runs", "1"]],
 }
-SUITES = ("fanout", "memory", "churn", "connect", "encode")
+SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice")
 
 
 def discover() -> list[str]:
@@ -193,7 +197,8 @@ def run_table(args: argparse.Namespace) -> int:
             "machine": info, "rows": rows, "suites": results, "errors": errors,
         }, indent=1) + "\n", encoding="utf-8")
         print(f"results: {out}")
-    others = [m for m in discover() if m not in {"fanout", "churn", "connect", "encode"}]
+    others = [m for m in discover()
+              if m not in {"fanout", "churn", "connect", "encode", "big_service"}]
     if others and not args.quick:
         print("also: " + ", ".join(f"python -m bench {m}" for m in others))
     return 1 if errors else 0

@@ -9,7 +9,7 @@ a change, so it reaches no subscriber.
 from __future__ import annotations
 
 import enum
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -47,9 +47,15 @@ class Event:
 @dataclass(slots=True)
 class ClusterChange:
     """What one batch changed. `all_services` is set when something every service may
-    depend on changed (a Node's zone, a ReplicaSet's owner) in a namespace-less way."""
+    depend on changed (a Node's zone, a ReplicaSet's owner) in a namespace-less way.
+
+    `services` is every service touched in any way; `service_objects` those whose
+    Service object itself changed, and `slices` the slices that changed, by service
+    (the old service too when a slice moved), so a consumer can redo only those."""
 
     services: set[ServiceKey] = field(default_factory=set)
+    service_objects: set[ServiceKey] = field(default_factory=set)
+    slices: dict[ServiceKey, set[SliceKey]] = field(default_factory=dict)
     pods: set[PodKey] = field(default_factory=set)
     profiles: set[tuple[str, str]] = field(default_factory=set)
     namespaces: set[str] = field(default_factory=set)  # every service in these changed
@@ -108,6 +114,12 @@ class Cluster:
         # Bumped whenever an object that enrichment reads besides pods and slices
         # changes (Nodes, ReplicaSets, Jobs, Servers), so memoised enrichment can tell.
         self.enrich_epoch = 0
+        # A stamp per service, renewed whenever one of its slices comes, goes or changes
+        # its labels or annotations (not its endpoints): what is read from the slices'
+        # metadata as a whole (Linkerd's set labels) can be kept until the stamp moves.
+        # Stamps are never reused, even after a service goes.
+        self.slice_stamps: dict[ServiceKey, int] = {}
+        self._stamp = 0
         self.nodes: dict[str, Node] = {}
         self.replicasets: dict[PodKey, ReplicaSet] = {}
         self.jobs: dict[PodKey, Job] = {}
@@ -214,13 +226,30 @@ class Cluster:
                 if self.services.get(key) != obj:
                     self.services[key] = obj
                     change.services.add(key)
+                    change.service_objects.add(key)
             case EndpointSlice():
                 skey = (obj.kind, obj.meta.namespace, obj.meta.name)
                 old = self.slices.get(skey)
                 if old == obj:
                     return
+                meta = old is None or (old.meta.labels, old.meta.annotations) != (
+                    obj.meta.labels, obj.meta.annotations)
+                if old is not None and old.service_name == obj.service_name:
+                    # An update in place: only the pods it stops or starts naming are
+                    # indexed again, so an update costs what changed in the slice.
+                    svc = ServiceKey(obj.meta.namespace, obj.service_name)
+                    before, after = _pod_keys(old), _pod_keys(obj)
+                    if before != after:
+                        had, has = Counter(before), Counter(after)
+                        for pkey in had.keys() | has.keys():
+                            if had[pkey] != has[pkey]:
+                                self._count_ref(svc, pkey, has[pkey] - had[pkey])
+                    self.slices[skey] = obj
+                    change.services.add(svc)
+                    self._slice_changed(svc, skey, change, meta)
+                    return
                 if old is not None:
-                    self._unindex_slice(skey, old, change)
+                    self._unindex_slice(skey, old, change, meta)
                 self.slices[skey] = obj
                 svc = ServiceKey(obj.meta.namespace, obj.service_name)
                 self.slices_by_service[svc].add(skey)
@@ -231,6 +260,7 @@ class Cluster:
                         self._pod_refs[ref] = self._pod_refs.get(ref, 0) + 1
                         self.services_by_pod[pkey].add(svc)
                 change.services.add(svc)
+                self._slice_changed(svc, skey, change, meta)
             case Pod():
                 pkey = (obj.meta.namespace, obj.meta.name)
                 old_pod = self.pods.get(pkey)
@@ -255,18 +285,24 @@ class Cluster:
                     self.enrich_epoch += 1
             case ReplicaSet():
                 rkey = (obj.meta.namespace, obj.meta.name)
-                if self.replicasets.get(rkey) == obj:
+                old_rs = self.replicasets.get(rkey)
+                if old_rs == obj:
                     return
                 self.replicasets[rkey] = obj
-                change.namespaces.add(obj.meta.namespace)
-                self.enrich_epoch += 1
+                # Only its owners are read (a pod's workload): a status update, as a
+                # rolling restart makes many of, is no change to any endpoint.
+                if old_rs is None or old_rs.meta.owners != obj.meta.owners:
+                    change.namespaces.add(obj.meta.namespace)
+                    self.enrich_epoch += 1
             case Job():
                 jkey = (obj.meta.namespace, obj.meta.name)
-                if self.jobs.get(jkey) == obj:
+                old_job = self.jobs.get(jkey)
+                if old_job == obj:
                     return
                 self.jobs[jkey] = obj
-                change.namespaces.add(obj.meta.namespace)
-                self.enrich_epoch += 1
+                if old_job is None or old_job.meta.owners != obj.meta.owners:
+                    change.namespaces.add(obj.meta.namespace)
+                    self.enrich_epoch += 1
             case Server():
                 if self.servers[obj.meta.namespace].get(obj.meta.name) == obj:
                     return
@@ -293,6 +329,7 @@ class Cluster:
             case Service():
                 if self.services.pop(ServiceKey(ns, name), None) is not None:
                     change.services.add(ServiceKey(ns, name))
+                    change.service_objects.add(ServiceKey(ns, name))
             case EndpointSlice():
                 skey = (obj.kind, ns, name)
                 old = self.slices.pop(skey, None)
@@ -332,7 +369,8 @@ class Cluster:
                 if self.others[obj.kind].pop((ns, name), None) is not None:
                     change.kinds.add(obj.kind)
 
-    def _unindex_slice(self, skey: SliceKey, old: EndpointSlice, change: ClusterChange) -> None:
+    def _unindex_slice(self, skey: SliceKey, old: EndpointSlice, change: ClusterChange,
+                       metadata: bool = True) -> None:
         svc = ServiceKey(old.meta.namespace, old.service_name)
         keys = self.slices_by_service.get(svc)
         if keys is not None:
@@ -354,3 +392,35 @@ class Cluster:
                     if not owners:
                         del self.services_by_pod[pkey]
         change.services.add(svc)
+        self._slice_changed(svc, skey, change, metadata)
+
+    def _count_ref(self, svc: ServiceKey, pkey: PodKey, delta: int) -> None:
+        """Count `delta` more (or fewer) slice entries of `svc` naming `pkey`."""
+        ref = (svc, pkey)
+        left = self._pod_refs.get(ref, 0) + delta
+        if left > 0:
+            self._pod_refs[ref] = left
+            self.services_by_pod[pkey].add(svc)
+            return
+        self._pod_refs.pop(ref, None)
+        owners = self.services_by_pod.get(pkey)
+        if owners is not None:
+            owners.discard(svc)
+            if not owners:
+                del self.services_by_pod[pkey]
+
+    def _slice_changed(self, svc: ServiceKey, skey: SliceKey, change: ClusterChange,
+                       metadata: bool) -> None:
+        change.slices.setdefault(svc, set()).add(skey)
+        if not metadata:
+            return
+        if svc in self.slices_by_service:
+            self._stamp += 1
+            self.slice_stamps[svc] = self._stamp
+        else:
+            self.slice_stamps.pop(svc, None)
+
+
+def _pod_keys(slice_: EndpointSlice) -> list[PodKey]:
+    return [(t.namespace, t.name) for ep in slice_.endpoints
+            if (t := ep.target) is not None and t.kind == "Pod"]

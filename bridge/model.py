@@ -122,7 +122,9 @@ class Endpoint:
     region: str = ""
     for_zones: frozenset[str] | None = None
     pod_name: str = ""
-    pod_resource_version: str = ""
+    # Which pod object it was read from, for people; not part of the endpoint's value,
+    # so a pod change that changes nothing served (a label no one reads) is no change.
+    pod_resource_version: str = field(default="", compare=False)
     enrichment: Enrichment = NO_ENRICHMENT
 
     @property

@@ -41,7 +41,7 @@ class ViewMetrics:
     def published(self, view: View) -> None:
         labels = self._labels(view)
         self.updates.labels(*labels).inc()
-        self.pods.labels(*labels).set(sum(1 for r in view.snapshot.values() if r.endpoint.ready))
+        self.pods.labels(*labels).set(view.snapshot.ready_count)
         self.exists.labels(*labels).set(1 if view.exists else 0)
 
     def subscribed(self, view: View) -> None:

@@ -4,10 +4,14 @@ A View tells each of its subscribers about a new version; the first Linkerd
 subscriber to hear of it encodes the version's messages into `View.cache`, every
 other one reuses those very bytes, so N streams cost one serialization and N
 queue appends: what a change costs grows with the changes, not with the subscribers.
+And a change's messages are built from the changed endpoints alone (the View's
+delta, the snapshot's address index and ready count, set labels kept until a slice
+of the service changes), so it does not grow with the service either.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Literal
 
@@ -24,7 +28,6 @@ Messages = tuple[Outgoing, ...]
 
 _SNAPSHOT = ("linkerd", "snapshot")
 _DIFF = ("linkerd", "diff")
-_LABELS = ("linkerd", "set-labels")
 
 
 class UpdateEncoder:
@@ -42,6 +45,8 @@ class UpdateEncoder:
         self.cluster = cluster
         self.translator = translator
         self.semantics = semantics
+        self._set_labels: weakref.WeakKeyDictionary[View, tuple[int, dict[str, str]]] = (
+            weakref.WeakKeyDictionary())
 
     def snapshot(self, view: View) -> Messages:
         """What a new subscriber of `view` is sent first."""
@@ -57,8 +62,14 @@ class UpdateEncoder:
         return cached
 
     def _labels(self, view: View) -> dict[str, str]:
-        labels: dict[str, str] = view.cached(
-            _LABELS, lambda: set_labels(self.cluster, view.key.service))
+        """The set labels, read from the service's slices again only when one of them
+        changed (`Cluster.slice_stamps`), not on every version."""
+        stamp = self.cluster.slice_stamps.get(view.key.service, 0)
+        known = self._set_labels.get(view)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        labels = set_labels(self.cluster, view.key.service)
+        self._set_labels[view] = (stamp, labels)
         return labels
 
     def _encode_snapshot(self, view: View) -> Messages:

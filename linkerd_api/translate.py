@@ -9,7 +9,7 @@ ready ones (§4.4), so an endpoint that stops being ready is a `remove` here.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from google.protobuf.json_format import ParseDict, ParseError
@@ -17,7 +17,7 @@ from google.protobuf.json_format import ParseDict, ParseError
 from bridge.cluster import Cluster
 from bridge.enrich import REMOTE_FQN_ANNOTATION
 from bridge.model import MeshConfig, ResolvedEndpoint, ServiceKey
-from bridge.views import ViewChange
+from bridge.views import EndpointSnapshot, ViewChange
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.proto import net_pb2 as net
 
@@ -170,8 +170,8 @@ def ready_endpoints(snapshot: Mapping[Any, ResolvedEndpoint]) -> list[ResolvedEn
 def ready_diff(change: ViewChange) -> tuple[list[ResolvedEndpoint], list[ResolvedEndpoint]]:
     """The Linkerd projection of one View change: (add, remove).
 
-    O(changed endpoints) from the View's own diff, plus one pass over the new set
-    only when something is removed. Proxies key endpoints by address, so an address
+    O(changed endpoints): the View's own diff, and the snapshot's address index to
+    tell whether a removed address is still served. Proxies key endpoints by address, so an address
     is removed only when no ready endpoint still has it, and an endpoint whose
     address changed is removed at its old address (Linkerd 2.20 would leave that
     stale address behind).
@@ -189,12 +189,18 @@ def ready_diff(change: ViewChange) -> tuple[list[ResolvedEndpoint], list[Resolve
             removed.append(prev)
     removed.extend(r for r in change.removed if r.endpoint.ready)
     if removed:
-        still = {_addr(r) for r in change.current.values() if r.endpoint.ready}
+        current = change.current
+        served: Callable[[str, int], bool]
+        if isinstance(current, EndpointSnapshot):
+            served = current.holds_ready
+        else:
+            held = {_addr(r) for r in current.values() if r.endpoint.ready}
+            served = lambda ip, port: (ip, port) in held  # noqa: E731
         seen: set[Addr] = set()
         kept = []
         for r in removed:
             a = _addr(r)
-            if a not in still and a not in seen:
+            if a not in seen and not served(*a):
                 seen.add(a)
                 kept.append(r)
         removed = kept
@@ -202,4 +208,6 @@ def ready_diff(change: ViewChange) -> tuple[list[ResolvedEndpoint], list[Resolve
 
 
 def has_ready(snapshot: Mapping[Any, ResolvedEndpoint]) -> bool:
+    if isinstance(snapshot, EndpointSnapshot):
+        return snapshot.ready_count > 0
     return any(r.endpoint.ready for r in snapshot.values())

@@ -16,18 +16,27 @@ each owning its own work; a parent only routes to its children:
 A change is merged and enriched once per port, filtered and diffed once per View,
 and then handed to each subscriber, which only encodes (once, via `View.cache`) and
 queues. Subscribers must never block: they are called on the event loop.
+
+Each level costs what changed: a slice event redoes that slice, a pod event that
+pod's entries; a View filters and diffs only the endpoints that changed (unless a
+topology-hint rule flips for the whole set); and a version is a persistent map
+(snapshot.py), so publishing one copies nothing. A change to a Service, a Node, or
+an object every endpoint of a namespace may depend on redoes what it touches.
 """
 
 from bridge.views.port_publisher import EMPTY_ENDPOINTS, PortPublisher
 from bridge.views.registry import InvalidService, ViewRegistry
+from bridge.views.snapshot import EndpointSnapshot, VersionedMap
 from bridge.views.view import EMPTY, Snapshot, View, ViewChange, ViewSubscriber
 
 __all__ = [
     "EMPTY",
     "EMPTY_ENDPOINTS",
+    "EndpointSnapshot",
     "InvalidService",
     "PortPublisher",
     "Snapshot",
+    "VersionedMap",
     "View",
     "ViewChange",
     "ViewRegistry",

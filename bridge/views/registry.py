@@ -100,4 +100,4 @@ class ViewRegistry:
             for port in sorted(watched.get(svc, ())):
                 pub = self.ports.get((svc, port))
                 if pub is not None:
-                    pub.refresh()
+                    pub.refresh(change)

@@ -8,7 +8,7 @@ once for all of them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -16,7 +16,9 @@ from typing import Any, Protocol
 from bridge.cluster import Cluster
 from bridge.model import BASE_WEIGHT, Endpoint, EndpointId, MeshConfig, ResolvedEndpoint, ViewKey
 from bridge.view_metrics import ViewMetrics
+from bridge.views.snapshot import EndpointSnapshot
 
+# What a version of a View is read as; each View's versions are `EndpointSnapshot`s.
 Snapshot = Mapping[EndpointId, ResolvedEndpoint]
 EMPTY: Snapshot = MappingProxyType({})
 
@@ -26,6 +28,8 @@ class ViewChange:
     """One published version of a View and how it differs from the one before."""
 
     version: int
+    # Both persistent versions (bridge.views.snapshot): nothing was copied to make
+    # them; `added` and `removed` are the delta between them.
     previous: Snapshot
     current: Snapshot
     added: tuple[ResolvedEndpoint, ...]  # new or changed, in id order
@@ -51,8 +55,14 @@ class View:
         # When the current version was published (time.monotonic()): the start of every
         # change-to-client latency the protocol layers measure.
         self.published_at = 0.0
-        self.snapshot: Snapshot = EMPTY
+        # Its own chain of versions: one View's versions never share a dict with another's.
+        self.snapshot: EndpointSnapshot = EndpointSnapshot()
         self.exists = False
+        # What the last version was filtered from, and the whole-set rules it was
+        # filtered under, so that a change can be filtered alone (`publish`).
+        self._available: Mapping[EndpointId, Endpoint] | None = None
+        self._rules = _Rules("", False, False)
+        self._hints = _HintCounts()
         self.subscribers: dict[ViewSubscriber, str] = {}  # subscriber -> protocol label
         # Per-version scratch space for the protocol layers' encoded bytes, cleared on
         # every new version, so N subscribers cost one serialization.
@@ -92,33 +102,142 @@ class View:
 
     # ------------------------------------------------------------- publishing
 
-    def publish(self, available: Mapping[EndpointId, Endpoint], exists: bool) -> None:
-        """Filter, diff against the snapshot, and tell every subscriber (publishDiff)."""
-        previous = self.snapshot
-        filtered = self.filter(available, previous)
+    def publish(self, available: Mapping[EndpointId, Endpoint], exists: bool,
+                changed: Collection[EndpointId] | None = None) -> None:
+        """Filter, diff against the snapshot, and tell every subscriber (publishDiff).
+
+        `changed` names the ids of `available` that differ from the version last
+        published here, when nothing else the filter reads has changed (the service,
+        the nodes): then only those are filtered and diffed, unless the change flips
+        a whole-set rule (topology hints), which refilters everything. None: refilter
+        everything."""
         self.diff_computations += 1
-        # Unchanged endpoints are the very objects of the previous snapshot (see
-        # filter), so `is` settles most comparisons without looking inside.
-        added = tuple(r for i, r in sorted(filtered.items())
-                      if (p := previous.get(i)) is not r and p != r)
-        removed = tuple(r for i, r in sorted(previous.items()) if i not in filtered)
+        previous = self.snapshot
+        if changed is not None and self._available is not None:
+            changes = self._filter_changed(available, changed)
+        else:
+            changes = None
+        if changes is None:
+            changes = self._filter_all(available)
+        self._available = available
         exists_changed = exists != self.exists
-        if not added and not removed and not exists_changed and self.version:
+        if not changes and not exists_changed and self.version:
             return
+        new: list[tuple[EndpointId, ResolvedEndpoint]] = []
+        gone: list[EndpointId] = []
+        for i, r in changes.items():
+            if r is None:
+                gone.append(i)
+            else:
+                new.append((i, r))
+        new.sort(key=_first)
+        gone.sort()
+        added = tuple(r for _, r in new)
+        removed = tuple(previous[i] for i in gone)
         self.version += 1
         self.published_at = time.monotonic()
         self.exists = exists
-        self.snapshot = MappingProxyType(filtered)
+        self.snapshot = current = previous.evolve(changes)
         self.cache = {}
-        change = ViewChange(self.version, previous, self.snapshot, added, removed,
-                            exists_changed)
+        change = ViewChange(self.version, previous, current, added, removed, exists_changed)
         if self._metrics is not None:
             self._metrics.published(self)
         for sub in list(self.subscribers):
             sub.on_view_change(self, change)
 
+    def _filter_all(
+        self, available: Mapping[EndpointId, Endpoint],
+    ) -> dict[EndpointId, ResolvedEndpoint | None]:
+        """Every endpoint filtered again: the delta from the snapshot (None removes)."""
+        previous = self.snapshot
+        filtered = self.filter(available, previous)
+        self._rules = self._read_rules()
+        self._hints = _HintCounts()
+        for e in available.values():
+            if self._host_ok(e):
+                self._hints.count(e, self._rules.node_zone, 1)
+        changes: dict[EndpointId, ResolvedEndpoint | None] = {
+            i: r for i, r in filtered.items()
+            if (p := previous.get(i)) is not r and p != r
+        }
+        for i in previous:
+            if i not in filtered:
+                changes[i] = None
+        return changes
+
+    def _filter_changed(
+        self, available: Mapping[EndpointId, Endpoint], changed: Collection[EndpointId],
+    ) -> dict[EndpointId, ResolvedEndpoint | None] | None:
+        """Only `changed` filtered again; None when the change flips the hint rule."""
+        rules, hints, last = self._rules, self._hints, self._available
+        assert last is not None
+        mode = hints.matching()
+        for i in changed:
+            old, new = last.get(i), available.get(i)
+            if old is not None and self._host_ok(old):
+                hints.count(old, rules.node_zone, -1)
+            if new is not None and self._host_ok(new):
+                hints.count(new, rules.node_zone, 1)
+        if rules.hinted and hints.matching() != mode:
+            return None
+        ids = set(changed)
+        if self._config.enable_ipv6:
+            # A dual-stack pod's IPv4 endpoint is shown only without its IPv6 one.
+            ids.update(EndpointId("pod", i.namespace, i.name, "IPv4") for i in changed
+                       if i.kind == "pod" and i.family == "IPv6")
+        previous = self.snapshot
+        changes: dict[EndpointId, ResolvedEndpoint | None] = {}
+        for i in ids:
+            r = self._resolve(available, i, previous.get(i))
+            p = previous.get(i)
+            if r is None:
+                if p is not None:
+                    changes[i] = None
+            elif p is not r and p != r:
+                changes[i] = r
+        return changes
+
+    def _host_ok(self, e: Endpoint) -> bool:
+        host = self.key.filter.hostname
+        return not host or e.hostname == host
+
+    def _passes(self, e: Endpoint) -> bool:
+        """The per-endpoint part of `filter`, under the current whole-set rules."""
+        if not self._host_ok(e):
+            return False
+        rules = self._rules
+        if rules.local_only:
+            return bool(e.pod_name) and e.node_name == self.key.filter.node_name
+        if rules.hinted and self._hints.matching():
+            return bool(e.for_zones) and rules.node_zone in (e.for_zones or ())
+        return True
+
+    def _resolve(self, available: Mapping[EndpointId, Endpoint], i: EndpointId,
+                 prev: ResolvedEndpoint | None) -> ResolvedEndpoint | None:
+        e = available.get(i)
+        if e is None or not self._passes(e):
+            return None
+        if i.family == "IPv6" and not self._config.enable_ipv6:
+            return None
+        if i.kind == "pod" and i.family == "IPv4" and self._config.enable_ipv6:
+            v6 = available.get(EndpointId("pod", i.namespace, i.name, "IPv6"))
+            if v6 is not None and self._passes(v6):
+                return None
+        return _resolved(e, self._rules.node_zone, self._config, prev)
+
+    def _read_rules(self) -> _Rules:
+        fk = self.key.filter
+        node_zone = self._cluster.node_zone(fk.node_name) if fk.node_name else ""
+        local_only = hinted = False
+        if fk.filtering:
+            svc = self._cluster.services.get(self.key.service)
+            local_only = svc is not None and svc.internal_traffic_local
+            hinted = not local_only
+        return _Rules(node_zone, local_only, hinted)
+
     def filter(
-        self, available: Mapping[EndpointId, Endpoint], previous: Snapshot = EMPTY,
+        self, available: Mapping[EndpointId, Endpoint], previous: Mapping[
+            EndpointId, ResolvedEndpoint] = EMPTY,
     ) -> dict[EndpointId, ResolvedEndpoint]:
         """Apply the filter key (Linkerd §4.6, filterAddresses) and resolve what depends on
         the subscriber: zone locality and weight. An endpoint resolved as in `previous`
@@ -137,21 +256,57 @@ class View:
             else:
                 cands = _filter_by_hints(cands, node_zone)
         cands = _select_family(cands, config.enable_ipv6)
-        out: dict[EndpointId, ResolvedEndpoint] = {}
-        for e in cands:
-            locality = "unknown"
-            if node_zone and e.zone is not None:
-                locality = "local" if e.zone == node_zone else "remote"
-            weight = BASE_WEIGHT
-            if config.zone_weights and locality == "local":
-                weight *= 10
-            prev = previous.get(e.id)
-            if (prev is not None and prev.endpoint is e and prev.zone_locality == locality
-                    and prev.weight == weight):
-                out[e.id] = prev
-            else:
-                out[e.id] = ResolvedEndpoint(e, locality, weight)
-        return out
+        return {e.id: _resolved(e, node_zone, config, previous.get(e.id)) for e in cands}
+
+
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """What the filter reads besides the endpoints, fixed between full refilters
+    (a Service or Node change always refilters everything)."""
+
+    node_zone: str
+    local_only: bool  # internalTrafficPolicy: Local
+    hinted: bool  # topology hints apply
+
+
+@dataclass(slots=True)
+class _HintCounts:
+    """Ready candidates (after the hostname filter), so whether hints apply is known
+    without looking at every endpoint (`_filter_by_hints`)."""
+
+    ready: int = 0
+    unhinted: int = 0  # ready, without hints
+    zoned: int = 0  # ready and hinted for the subscriber's zone
+
+    def count(self, e: Endpoint, node_zone: str, sign: int) -> None:
+        if not e.ready:
+            return
+        self.ready += sign
+        if not e.for_zones:
+            self.unhinted += sign
+        elif node_zone in e.for_zones:
+            self.zoned += sign
+
+    def matching(self) -> bool:
+        return self.ready > 0 and self.unhinted == 0 and self.zoned > 0
+
+
+def _resolved(e: Endpoint, node_zone: str, config: MeshConfig,
+              prev: ResolvedEndpoint | None) -> ResolvedEndpoint:
+    locality = "unknown"
+    if node_zone and e.zone is not None:
+        locality = "local" if e.zone == node_zone else "remote"
+    weight = BASE_WEIGHT
+    if config.zone_weights and locality == "local":
+        weight *= 10
+    if (prev is not None and prev.endpoint is e and prev.zone_locality == locality
+            and prev.weight == weight):
+        return prev
+    return ResolvedEndpoint(e, locality, weight)
+
+
+def _first(pair: tuple[EndpointId, ResolvedEndpoint]) -> EndpointId:
+    return pair[0]
 
 
 def _filter_by_hints(cands: list[Endpoint], node_zone: str) -> list[Endpoint]:

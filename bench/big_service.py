@@ -1,0 +1,249 @@
+"""Big services: what one endpoint change costs as the service grows (issue 16).
+
+    python -m bench.big_service [--endpoints 100,1000,10000] [--changes 300] [--runs 5]
+                                [--latency-endpoints 10000] [--rate 3] [--latency-changes 60]
+                                [--streams 5] [--json]
+
+CPU: no network, in this process: the cluster cache, the View registry and both
+protocol layers' encoders on one meshed service of N endpoints in slices of 100,
+one subscriber per protocol. Each change scales the service up or down by one pod (a
+pod event plus the one EndpointSlice it lands in, as the slice controller writes
+them; the events are built before the clock starts, since the simulator that writes
+them is no part of the server). Per change, process CPU time (time.process_time)
+around:
+
+    core + Linkerd  Cluster.apply (merge, enrich, filter, diff, publish) and the
+                    Linkerd `Update` bytes of the change (linkerd_api's encoder)
+    xDS CLA         the new version's ClusterLoadAssignment (xds_api's cache): the
+                    whole set by protocol (SotW and delta EDS alike), so O(N)
+
+The figure of a run is the median over its changes; the table shows the median of
+runs.
+
+Latency: meshbridge (`serve`'s layers) in this process on the same kind of service
+of `--latency-endpoints` endpoints, `--streams` Linkerd `Get` streams in a child
+process (bench/h2client.py), and `--rate` changes a second applied on a fixed
+schedule (not waiting for the clients). Change-to-client is from the apply to the
+moment the last stream has decoded the change's message (CLOCK_MONOTONIC is one
+clock for both processes); p99 over every change of a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import statistics
+import sys
+import time
+from typing import Any
+
+from bench.common import Child, StaticSource, poll, print_json, row, serving_layers
+
+TARGET_CPU_MS = 2.0
+TARGET_P99_MS = 20.0
+TARGET = "svc-0.ns-0.svc.cluster.local:8080"
+
+
+class _Linkerd:
+    """A Linkerd subscriber as the Get streams are: the change's bytes, once."""
+
+    def __init__(self, encoder: Any) -> None:
+        self.encoder = encoder
+        self.messages: Any = ()
+
+    def on_view_change(self, view: Any, change: Any) -> None:
+        self.messages = self.encoder.diff(view, change)
+
+
+def simulated(endpoints: int, seed: int = 3) -> Any:
+    from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
+
+    return SimCluster(Scenario(seed=seed, cluster=ClusterShape(
+        namespaces=1, services=1, endpoints_per_service=endpoints, zones=3,
+        slice_size=100, meshed=True), churn=Churn(rate=0)))
+
+
+def measure_cpu(endpoints: int, changes: int) -> dict[str, float]:
+    """Median per-change CPU µs of one run: core + Linkerd, and the xDS CLA."""
+    import gc
+
+    from bridge.cluster import Cluster, Event, EventType
+    from bridge.model import MeshConfig, ServiceKey, ViewKey
+    from bridge.views import ViewRegistry
+    from linkerd_api.endpoint_streams import UpdateEncoder
+    from linkerd_api.translate import Translator
+    from xds_api.cache import ResourceCache
+
+    sim = simulated(endpoints)
+    cluster = Cluster()
+    config = MeshConfig()
+    registry = ViewRegistry(cluster, config)
+    cluster.apply(Event(EventType.ADDED, o) for o in sim.initial_objects())
+    key = ViewKey(ServiceKey("ns-0", "svc-0"), 8080)
+    name = key.authority(config.cluster_domain)
+    linkerd = _Linkerd(UpdateEncoder(cluster, Translator(config), "proto"))
+    view = registry.subscribe(key, linkerd, "bench")
+    cache = ResourceCache(cluster, registry, config.cluster_domain)
+    # The first version, as a subscriber would have it. The bench holds each CLA until
+    # the next is encoded, so freeing the old one (pages of bytes) is timed as the
+    # xDS cost it is, not where the View drops its per-version cache.
+    held = [cache.cla_of(view, name)]
+    svc = sim.services[0]
+    core_linkerd, cla = [], []
+    gc.collect()
+    for i in range(changes):
+        events = sim._step_scale(svc, up=i % 2 == 0)
+        version = view.version
+        t0 = time.process_time()
+        cluster.apply(events)
+        t1 = time.process_time()
+        held[0] = cache.cla_of(view, name)
+        t2 = time.process_time()
+        assert view.version == version + 1 and linkerd.messages
+        core_linkerd.append((t1 - t0) * 1e6)
+        cla.append((t2 - t1) * 1e6)
+    cache.close()
+    return {"core_linkerd": statistics.median(core_linkerd), "cla": statistics.median(cla)}
+
+
+async def measure_latency(endpoints: int, streams: int, rate: float,
+                          changes: int) -> dict[str, Any]:
+    """One run: change-to-last-client ms of every change, at `rate` changes/s."""
+    from meshbridge import gctune
+    from meshbridge.app import App, ServeOptions
+    from meshbridge.limits import LOOPBACK_CROWD, Limits
+    from meshbridge.log import configure_logging
+
+    configure_logging("console", "warning")
+    sim = simulated(endpoints, seed=5)
+    limits = Limits(max_streams_per_client=streams * 2 + 100, h2=LOOPBACK_CROWD)
+    app = App(StaticSource(sim.initial_objects()), None,
+              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
+    await app.start()
+    gctune.settle_heap()  # as `meshbridge serve` does once synced
+    child: Child | None = None
+    try:
+        child = await Child.start(
+            "bench.fanout", "--protocol", "get", "--server", f"127.0.0.1:{app.grpc_port}",
+            "--streams", str(streams), "--first-phase", "1", "--channels", str(streams),
+            "--clients", "lean")
+        for _ in range(2):
+            await child.line()  # {"ready": n}: first phase, then every stream open
+        streams_of = app.service("linkerd").streams
+        await poll(lambda: all(len(q) == 0 for q in streams_of), 120, "snapshots sent")
+        svc = sim.services[0]
+        applied: dict[int, float] = {}
+        arrived: dict[int, float] = {}
+
+        async def read() -> None:
+            assert child is not None
+            while len(arrived) < changes:
+                got = await child.line()
+                arrived[got["run"]] = got["last"]
+
+        # Built beforehand: the simulator rebuilds every slice of the service per change,
+        # which is its cost, not the server's, and must not hold the event loop.
+        batches = [sim._step_scale(svc, up=n % 2 == 1) for n in range(1, changes + 1)]
+        reader = asyncio.create_task(read())
+        start = time.monotonic() + 0.2
+        for n, events in enumerate(batches, 1):
+            delay = start + (n - 1) / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the schedule, not synchronisation
+            applied[n] = time.monotonic()
+            app.cluster.apply(events)
+        await asyncio.wait_for(reader, 120)
+        latencies = [(arrived[n] - applied[n]) * 1000 for n in sorted(applied)]
+    finally:
+        if child is not None:
+            await child.close()
+        await app.stop(grace=0.5)
+        gctune.release_heap()
+    return {"latencies_ms": latencies,
+            "p50_ms": statistics.median(latencies),
+            "p99_ms": _percentile(latencies, 99), "max_ms": max(latencies)}
+
+
+def _percentile(values: list[float], p: float) -> float:
+    """Nearest rank: the smallest value at least p% of the values do not exceed."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = [int(x) for x in args.endpoints.split(",") if x.strip()]
+    cpu: dict[str, dict[str, list[float]]] = {}
+    for n in sizes:
+        per_run = [measure_cpu(n, args.changes) for _ in range(args.runs)]
+        cpu[str(n)] = {k: [r[k] for r in per_run] for k in ("core_linkerd", "cla")}
+    latency = []
+    if args.latency_endpoints:
+        latency = [asyncio.run(measure_latency(args.latency_endpoints, args.streams,
+                                               args.rate, args.latency_changes))
+                   for _ in range(args.latency_runs)]
+    return {"changes_per_run": args.changes, "runs": args.runs, "cpu_us_per_change": cpu,
+            "latency": {"endpoints": args.latency_endpoints, "streams": args.streams,
+                        "rate": args.rate, "changes": args.latency_changes,
+                        "runs": latency}}
+
+
+def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    cpu = result["cpu_us_per_change"]
+    for n, figs in cpu.items():
+        out.append(row(f"one endpoint change, {int(n):,}-endpoint service",
+                       "server CPU: core + Linkerd encoder",
+                       [v / 1000 for v in figs["core_linkerd"]], "ms", TARGET_CPU_MS))
+        out.append(row(f"one endpoint change, {int(n):,}-endpoint service",
+                       "server CPU: xDS CLA encode (whole set, by protocol)",
+                       [v / 1000 for v in figs["cla"]], "ms"))
+    lat = result["latency"]
+    if lat["runs"]:
+        out.append(row(f"Linkerd Get change-to-client, {lat['endpoints']:,} endpoints",
+                       f"p99, {lat['rate']:g} changes/s, {lat['streams']} streams",
+                       [r["p99_ms"] for r in lat["runs"]], "ms", TARGET_P99_MS))
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = [f"one endpoint change: server CPU ms per change (median of {result['runs']} "
+             f"runs, each the median of {result['changes_per_run']} changes)",
+             f"  {'endpoints':>9}  {'core+Linkerd':>12}  {'xDS CLA':>9}"]
+    for n, figs in result["cpu_us_per_change"].items():
+        lines.append(f"  {int(n):>9,}  {statistics.median(figs['core_linkerd']) / 1000:>12.3f}"
+                     f"  {statistics.median(figs['cla']) / 1000:>9.3f}")
+    lat = result["latency"]
+    for i, r in enumerate(lat["runs"], 1):
+        lines.append(f"Get change-to-client at {lat['endpoints']:,} endpoints, "
+                     f"{lat['rate']:g}/s, run {i}: p50 {r['p50_ms']:.1f} ms, "
+                     f"p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.big_service", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--endpoints", default="100,1000,10000",
+                   help="service sizes for the CPU figures, comma-separated")
+    p.add_argument("--changes", type=int, default=300, help="changes per CPU run")
+    p.add_argument("--runs", type=int, default=5, help="CPU runs per size")
+    p.add_argument("--latency-endpoints", type=int, default=10000,
+                   help="service size for the latency figure (0: skip it)")
+    p.add_argument("--rate", type=float, default=3.0, help="changes a second")
+    p.add_argument("--latency-changes", type=int, default=100,
+                   help="changes per run (a p99 wants at least 100)")
+    p.add_argument("--latency-runs", type=int, default=3)
+    p.add_argument("--streams", type=int, default=5, help="Linkerd Get streams")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    result = run(args)
+    if args.json:
+        print_json("big_service", rows(result), result)
+    else:
+        print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
