@@ -23,9 +23,11 @@ from meshbridge.layers import protocol_layers
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
 from tests.polling import eventually
+from xds_api.service import XdsOptions
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
+LINKERD_METADATA = XdsOptions(endpoint_metadata="linkerd")
 WAIT = 15.0  # seconds for a write to reach the clients through a real API server
 
 
@@ -123,7 +125,10 @@ async def start_app(kube_apiserver: KubeAPIServer) -> AsyncIterator[Callable[...
 
     async def start(**source_options: Any) -> App:
         source = KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path), **source_options)
-        app = App(source, options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"),
+        # Clients are compared field for field, identity and hints included: over xDS
+        # those travel in the linkerd endpoint metadata profile.
+        app = App(source, options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
+                                               layer_options=(LINKERD_METADATA,)),
                   layers=protocol_layers())
         apps.append(app)
         await app.start()
