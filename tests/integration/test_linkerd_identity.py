@@ -24,14 +24,16 @@ from tests.conftest import AppFactory
 
 CERTIFY = "/io.linkerd.proxy.identity.Identity/Certify"
 WEB = "web.emojivoto.serviceaccount.identity.linkerd.cluster.local"
-TOKENS = "web-token emojivoto/web\nvoting-token emojivoto/voting\n"
+TOKENS = "web-token emojivoto/web\nvoting-token emojivoto/voting\n" \
+         "long-token emojivoto/a-service-account-with-a-rather-long-name\n"
 
 
 def csr_for(name: str, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | None = None,
             ) -> bytes:
     key = key or ec.generate_private_key(ec.SECP256R1())
+    cn = [x509.NameAttribute(NameOID.COMMON_NAME, name)] if len(name) <= 64 else []
     request = (x509.CertificateSigningRequestBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .subject_name(x509.Name(cn))
                .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), False)
                .sign(key, hashes.SHA256()))
     return request.public_bytes(serialization.Encoding.DER)
@@ -80,6 +82,18 @@ async def test_a_proxy_gets_a_leaf_for_its_name_that_its_trust_anchors_verify(
     verifier.verify(leaf, chain)
     PolicyBuilder().store(store).build_client_verifier().verify(leaf, chain)
     assert chain[0].extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+async def test_a_name_too_long_for_a_common_name_gets_a_leaf_named_by_its_san_alone(
+        served: tuple[App, Path]) -> None:
+    app, anchors = served
+    name = "a-service-account-with-a-rather-long-name.emojivoto" + WEB[len("web.emojivoto"):]
+    response = await certify(app, name, b"long-token", csr_for(name))
+    leaf = x509.load_der_x509_certificate(response.leaf_certificate)
+    chain = [x509.load_der_x509_certificate(c) for c in response.intermediate_certificates]
+    store = Store(x509.load_pem_x509_certificates(anchors.read_bytes()))
+    PolicyBuilder().store(store).build_server_verifier(x509.DNSName(name)).verify(leaf, chain)
+    assert leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).critical
 
 
 @pytest.mark.parametrize(("what", "identity", "token", "csr", "code"), [
