@@ -17,8 +17,9 @@ from cryptography import x509
 from kubernetes import client, config
 
 from bridge.model import MeshConfig
-from bridge.sources.kube import KubeSource
+from bridge.sources.kube import KubeSource, load_credentials
 from linkerd_api.token_review import KubeTokenReview
+from linkerd_api.tokens import ReviewFailed
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
 from tests.integration import kubeapi
@@ -104,3 +105,11 @@ async def test_a_token_that_does_not_prove_the_identity_is_refused_and_logged_on
     assert line["peer"].startswith("ipv4:127.0.0.1:") and accounts.ns in line["detail"], what
     assert not app.metrics.get_sample_value("meshbridge_identity_certify_total",
                                             {"result": "issued"}), what
+
+
+async def test_without_rbac_for_token_reviews_the_reviewer_says_what_is_missing(
+        kube_apiserver: KubeAPIServer, accounts: Accounts) -> None:
+    kubeconfig = kube_apiserver.token_kubeconfig_for("no-token-reviews")
+    reviewer = KubeTokenReview(lambda: load_credentials(str(kubeconfig)))
+    with pytest.raises(ReviewFailed, match=r"create.*tokenreviews"):
+        await reviewer.review(accounts.token("web"))
