@@ -144,3 +144,12 @@ def test_the_wire_format_is_linkerds() -> None:
     assert identity_pb2.DESCRIPTOR.package == "io.linkerd.proxy.identity"
     assert identity_pb2.DESCRIPTOR.services_by_name["Identity"].methods_by_name[
         "Certify"].full_name == "io.linkerd.proxy.identity.Identity.Certify"
+
+
+async def test_the_issuers_time_left_is_exported_under_linkerds_name(
+        served: tuple[App, Path]) -> None:
+    app, _ = served
+    issuer = app.service("identity").ca.issuer.certificate
+    left = app.metrics.get_sample_value("issuer_cert_ttl_seconds")
+    expected = issuer.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+    assert left is not None and abs(left - expected.total_seconds()) < 60
