@@ -48,6 +48,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from bridge.model import MeshConfig
 from bridge.sources.kube import KubeSource
+from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from linkerd_api.ca import BadRequest, CertificateAuthority, Issuer, generate_issuer, load_issuer
 from linkerd_api.control_tls import ControlNames, ControlPlaneTls, control_names
@@ -155,7 +156,7 @@ class IdentityService:
     def __init__(self, config: MeshConfig, options: IdentityOptions,
                  registry: prometheus_client.CollectorRegistry | None = None,
                  reviewer: TokenReviewer | None = None,
-                 limits: Any = None) -> None:
+                 limits: H2Limits | None = None) -> None:
         self.config = config
         self.options = options
         self.limits = limits
