@@ -28,6 +28,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 # ours does not see a certificate from the future.
 CLOCK_SKEW = datetime.timedelta(seconds=20)
 DEFAULT_LIFETIME = datetime.timedelta(hours=24)  # Linkerd's default issuance lifetime
+CN_MAX = 64  # characters in an X.509 common name (RFC 5280 ub-common-name)
 
 Clock = Callable[[], datetime.datetime]
 
@@ -143,9 +144,14 @@ class CertificateAuthority:
         issuer = self.issuer.certificate
         if not_after > issuer.not_valid_after_utc:
             not_after = issuer.not_valid_after_utc  # a leaf never outlives its issuer
+        # X.509 caps a common name at 64 characters, and identities such as
+        # linkerd-destination's are longer: those leaves have an empty subject and the
+        # name in a critical SAN only (RFC 5280 §4.2.1.6); proxies check the SAN anyway.
+        fits = len(identity) <= CN_MAX
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)] if fits else [])
         leaf = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)]))
+            .subject_name(subject)
             .issuer_name(issuer.subject)
             .public_key(key)
             .serial_number(x509.random_serial_number())
@@ -160,7 +166,7 @@ class CertificateAuthority:
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]),
                            critical=False)
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(identity)]),
-                           critical=False)
+                           critical=not fits)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
                 self.issuer.key.public_key()), critical=False)
             .sign(self.issuer.key, hashes.SHA256())

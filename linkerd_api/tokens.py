@@ -30,9 +30,15 @@ class InvalidToken(Exception):
     """The token proves nothing: unknown, expired, malformed, or for another audience."""
 
 
+class ReviewFailed(Exception):
+    """The token could not be checked right now (the API is unreachable, or refused
+    us): the proxy should retry, nothing is said about the token (UNAVAILABLE)."""
+
+
 class TokenReviewer(Protocol):
     async def review(self, token: bytes) -> ServiceAccount:
-        """The ServiceAccount the token belongs to; InvalidToken otherwise."""
+        """The ServiceAccount the token belongs to; InvalidToken otherwise, ReviewFailed
+        when it cannot be told now."""
 
 
 class StaticTokens:
@@ -69,4 +75,4 @@ class NoReviewer:
 
     async def review(self, token: bytes) -> ServiceAccount:
         raise InvalidToken("this server has no way to check tokens: give --identity-tokens "
-                           "(development) or run with the kube source")
+                           "(development) or run with --source kube (TokenReview)")

@@ -157,7 +157,10 @@ class App:
         for layer in self.layers:
             layer(self, server)
         tls = self.options.tls
-        if tls is None:
+        layer_tls = self._layer_tls()
+        if layer_tls is not None and isinstance(server, NativeServer):
+            self.grpc_port = server.add_secure_port(self.options.listen, layer_tls)
+        elif tls is None:
             self.grpc_port = server.add_insecure_port(self.options.listen)
         elif isinstance(server, NativeServer):
             self.grpc_port = server.add_secure_port(self.options.listen, tls.context())
@@ -167,6 +170,7 @@ class App:
             raise OSError(f"cannot listen on {self.options.listen}")
         await server.start()
         self.grpc_server = server
+        await self._start_layer_listeners()
         host, port = split_listen_address(self.options.admin)
         self.admin_port = await self.admin.start(host, port)
         if wait_synced:
@@ -216,14 +220,35 @@ class App:
             await asyncio.sleep(0)  # one loop turn: the shutdown has begun
         for hook in self.stop_hooks:
             hook()
+        layer_listeners = self._layer_hooks("stop_listeners")
         self._services.clear()  # a stopped App and its cluster cache can be freed
         if stopping is not None:
             await stopping
+        for stop_listeners in layer_listeners:
+            await stop_listeners(grace)
         if self._source_task is not None:
             self._source_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._source_task
         await self.admin.stop()
+
+    # ------------------------------------------------------------------ layer listeners
+    # A layer's kept service may bring the gRPC port's TLS (`grpc_port_tls()`, the
+    # identity layer's certificates from its own CA) and listeners of its own
+    # (`start_listeners(listen, port)` / `stop_listeners(grace)`: Certify over
+    # server-only TLS). Found by name, so that the App knows no layer.
+
+    def _layer_hooks(self, name: str) -> list[Any]:
+        return [hook for service in self._services.values()
+                if (hook := getattr(service, name, None)) is not None]
+
+    def _layer_tls(self) -> ssl.SSLContext | None:
+        return next((c for hook in self._layer_hooks("grpc_port_tls")
+                     if (c := hook()) is not None), None)
+
+    async def _start_layer_listeners(self) -> None:
+        for start_listeners in self._layer_hooks("start_listeners"):
+            await start_listeners(self.options.listen, self.grpc_port)
 
     # ------------------------------------------------------------------ Host
 

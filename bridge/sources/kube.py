@@ -199,6 +199,22 @@ class ApiClient:
             raise ApiError(0, f"{path}: response is not an object")
         return data
 
+    def post_json(self, path: str, body: dict[str, Any], timeout: float = 10.0,
+                  ) -> dict[str, Any]:
+        """One POST (a TokenReview, say): JSON in, JSON out; ApiError on >= 300."""
+        resp = self.pool.request(
+            "POST", self.creds.host + path, body=json.dumps(body).encode(),
+            headers={**self.creds.headers, "Content-Type": "application/json"},
+            timeout=urllib3.Timeout(connect=5.0, read=timeout))
+        try:
+            data = json.loads(resp.data) if resp.data else {}
+        except ValueError:
+            data = None
+        if resp.status >= 300 or not isinstance(data, dict):
+            reason = data.get("message", resp.reason) if isinstance(data, dict) else resp.reason
+            raise ApiError(resp.status, str(reason or ""))
+        return data
+
 
 def newest_update_time(raw: dict[str, Any]) -> float | None:
     """The newest managedFields time of an Update operation (Linkerd's informer lag)."""
@@ -422,6 +438,10 @@ class KubeSource:
 
     def register_metrics(self, registry: prometheus_client.CollectorRegistry) -> None:
         self._metrics = registry
+
+    def credentials(self) -> Credentials:
+        """The credentials this source uses (blocking: it may read a kubeconfig)."""
+        return self._credentials or load_credentials(self.kubeconfig, self.context)
 
     @property
     def stale(self) -> bool:

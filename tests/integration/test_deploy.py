@@ -95,6 +95,7 @@ def test_the_cluster_role_grants_exactly_what_the_kube_source_watches() -> None:
         for mode in ("endpointslices", "endpoints") for spec in watched_kinds(mode)
         for verb in ("get", "list", "watch")
     }
+    needed.add(("authentication.k8s.io", "tokenreviews", "create"))  # identity's TokenReview
     assert granted == needed
     assert {s.kind for s in watched_kinds("endpoints")} | {"EndpointSlice"} == set(KINDS)
 
@@ -115,6 +116,7 @@ def test_the_api_server_enforces_that_role(applied: client.ApiClient) -> None:
             assert access(applied, verb, group, resource), (verb, resource)
         for verb in ("create", "update", "delete", "patch"):
             assert not access(applied, verb, group, resource), (verb, resource)
+    assert access(applied, "create", "authentication.k8s.io", "tokenreviews")
     assert not access(applied, "list", "", "secrets")
     assert not access(applied, "list", "", "configmaps")
 

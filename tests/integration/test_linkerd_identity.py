@@ -24,14 +24,16 @@ from tests.conftest import AppFactory
 
 CERTIFY = "/io.linkerd.proxy.identity.Identity/Certify"
 WEB = "web.emojivoto.serviceaccount.identity.linkerd.cluster.local"
-TOKENS = "web-token emojivoto/web\nvoting-token emojivoto/voting\n"
+TOKENS = "web-token emojivoto/web\nvoting-token emojivoto/voting\n" \
+         "long-token emojivoto/a-service-account-with-a-rather-long-name\n"
 
 
 def csr_for(name: str, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | None = None,
             ) -> bytes:
     key = key or ec.generate_private_key(ec.SECP256R1())
+    cn = [x509.NameAttribute(NameOID.COMMON_NAME, name)] if len(name) <= 64 else []
     request = (x509.CertificateSigningRequestBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .subject_name(x509.Name(cn))
                .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), False)
                .sign(key, hashes.SHA256()))
     return request.public_bytes(serialization.Encoding.DER)
@@ -82,6 +84,18 @@ async def test_a_proxy_gets_a_leaf_for_its_name_that_its_trust_anchors_verify(
     assert chain[0].extensions.get_extension_for_class(x509.BasicConstraints).value.ca
 
 
+async def test_a_name_too_long_for_a_common_name_gets_a_leaf_named_by_its_san_alone(
+        served: tuple[App, Path]) -> None:
+    app, anchors = served
+    name = "a-service-account-with-a-rather-long-name.emojivoto" + WEB[len("web.emojivoto"):]
+    response = await certify(app, name, b"long-token", csr_for(name))
+    leaf = x509.load_der_x509_certificate(response.leaf_certificate)
+    chain = [x509.load_der_x509_certificate(c) for c in response.intermediate_certificates]
+    store = Store(x509.load_pem_x509_certificates(anchors.read_bytes()))
+    PolicyBuilder().store(store).build_server_verifier(x509.DNSName(name)).verify(leaf, chain)
+    assert leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).critical
+
+
 @pytest.mark.parametrize(("what", "identity", "token", "csr", "code"), [
     ("an unknown token", WEB, b"nobody", None, grpc.StatusCode.UNAUTHENTICATED),
     ("another account's token", WEB, b"voting-token", None, grpc.StatusCode.PERMISSION_DENIED),
@@ -130,3 +144,12 @@ def test_the_wire_format_is_linkerds() -> None:
     assert identity_pb2.DESCRIPTOR.package == "io.linkerd.proxy.identity"
     assert identity_pb2.DESCRIPTOR.services_by_name["Identity"].methods_by_name[
         "Certify"].full_name == "io.linkerd.proxy.identity.Identity.Certify"
+
+
+async def test_the_issuers_time_left_is_exported_under_linkerds_name(
+        served: tuple[App, Path]) -> None:
+    app, _ = served
+    issuer = app.service("identity").ca.issuer.certificate
+    left = app.metrics.get_sample_value("issuer_cert_ttl_seconds")
+    expected = issuer.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
+    assert left is not None and abs(left - expected.total_seconds()) < 60
