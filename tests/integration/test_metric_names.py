@@ -22,9 +22,8 @@ ISTIO = {"pilot_xds_pushes", "pilot_total_xds_rejects", "pilot_xds_expired_nonce
 # Gauges and histograms keep their names in every client library.
 LINKERD_OTHERS = {"endpoints_subscribers", "endpoints_pods", "endpoints_exists"}
 ISTIO_OTHERS = {"pilot_xds"}
-# The expiry gauge Linkerd's proxies export for their certificate, exported by the
-# identity service for its issuer (docs/linkerd.md).
-LINKERD_IDENTITY = {"identity_cert_expiration_timestamp_seconds"}
+# The issuer-lifetime gauge of Linkerd's identity controller (docs/linkerd.md).
+LINKERD_IDENTITY = {"issuer_cert_ttl_seconds"}
 # Names no one but meshbridge has, shown here so a rename is a visible change.
 OURS = {"meshbridge_destination_streams", "meshbridge_destination_requests_refused_total",
         "meshbridge_policy_streams", "meshbridge_policy_requests_refused_total"}
