@@ -146,7 +146,7 @@ class CertificateAuthority:
             not_after = issuer.not_valid_after_utc  # a leaf never outlives its issuer
         # X.509 caps a common name at 64 characters, and identities such as
         # linkerd-destination's are longer: those leaves have an empty subject and the
-        # name in a critical SAN only (RFC 5280 §4.2.1.6); proxies check the SAN anyway.
+        # name in a critical SAN only (RFC 5280, section 4.2.1.6); proxies check the SAN anyway.
         fits = len(identity) <= CN_MAX
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)] if fits else [])
         leaf = (

@@ -254,6 +254,9 @@ class IdentityService:
             "LINKERD2_PROXY_IDENTITY_SERVER_NAME": workload,
             "LINKERD2_PROXY_IDENTITY_DIR": "<dir with the proxy's key.p8 and csr.der>",
             "LINKERD2_PROXY_IDENTITY_TOKEN_FILE": "<file with the ServiceAccount token>",
+            # The proxy sends it as every Get's context token: the node is what
+            # topology-aware answers need, the pod what /debug/streams names.
+            "LINKERD2_PROXY_DESTINATION_CONTEXT": '{"ns":"<ns>","nodeName":"<node>","pod":"<pod>"}',
             "LINKERD2_PROXY_POLICY_WORKLOAD": '{"ns":"<ns>","pod":"<pod>"}',
             "LINKERD2_PROXY_DESTINATION_PROFILE_NETWORKS": CLUSTER_NETWORKS,
             "LINKERD2_PROXY_POLICY_CLUSTER_NETWORKS": CLUSTER_NETWORKS,

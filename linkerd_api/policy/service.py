@@ -33,6 +33,7 @@ from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
 from meshbridge.host import Host
+from meshbridge.stream_registry import StreamInfo
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
@@ -40,6 +41,9 @@ DEFAULT_PROBE_NETWORKS = ("0.0.0.0/0", "::/0")  # Linkerd's Helm value
 
 OUTBOUND_SERVICE = "io.linkerd.proxy.outbound.OutboundPolicies"
 INBOUND_SERVICE = "io.linkerd.proxy.inbound.InboundServerPolicies"
+
+# The protocol a Watch is listed under on /debug/streams.
+STREAM_PROTOCOLS = {"Watch": "linkerd-outbound-policy", "WatchPort": "linkerd-inbound-policy"}
 
 
 class BadPolicyRequest(ValueError):
@@ -158,6 +162,7 @@ class PolicyStream:
 
 class PolicyService:
     def __init__(self, host: Host, options: PolicyOptions) -> None:
+        self.host = host
         self.cluster = host.cluster
         self.config = host.config
         self.options = options
@@ -276,7 +281,11 @@ class PolicyService:
         except (BadPolicyRequest, UnknownTarget) as e:
             await self._refuse(context, "Watch", e)
             return
-        await self._pump("Watch", PolicyStream(compute, wants), context)
+        spec = ob.TrafficSpec.FromString(raw)  # decoded once already: it is valid
+        target = (spec.authority if spec.WhichOneof("target") == "authority"
+                  else _addr_text(spec.addr))
+        await self._pump("Watch", PolicyStream(compute, wants), context, target,
+                         spec.source_workload)
 
     # ------------------------------------------------------------------ inbound
 
@@ -320,24 +329,36 @@ class PolicyService:
         except (BadPolicyRequest, UnknownTarget) as e:
             await self._refuse(context, "WatchPort", e)
             return
-        await self._pump("WatchPort", PolicyStream(compute, wants), context)
+        spec = ib.PortSpec.FromString(raw)
+        await self._pump("WatchPort", PolicyStream(compute, wants), context,
+                         f"port {spec.port}", spec.workload)
 
     # ------------------------------------------------------------------ shared
 
     async def _pump(self, method: str, stream: PolicyStream,
-                    context: grpc.aio.ServicerContext[Any, Any]) -> None:
+                    context: grpc.aio.ServicerContext[Any, Any], target: str,
+                    workload: str) -> None:
         if self.stopping:
             return
         stream.refresh()
         self.streams.add(stream)
+        # Listed on /debug/streams with the destination streams, so that an operator
+        # sees a proxy's policy watches next to the Get they lead to.
+        info = self.host.streams.add(StreamInfo(
+            STREAM_PROTOCOLS[method], context.peer(), client=workload.strip()[:500]))
+        info.state(target).subscribed = (target,)
         gauge = self.open_streams.labels(method)
         gauge.inc()
+        sent = 0
         try:
             while (message := await stream.next()) is not None:
                 await context.write(message)
+                sent += 1
+                info.sent(target, str(sent), "", len(message))
         finally:
             gauge.dec()
             self.streams.discard(stream)
+            self.host.streams.remove(info)
 
     async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], method: str,
                       error: Exception) -> None:
@@ -367,3 +388,10 @@ def _workload(text: str) -> Workload:
         return parse_workload(text)
     except BadWorkload as e:
         raise BadPolicyRequest(str(e)) from None
+
+
+
+def _addr_text(addr: Any) -> str:
+    """A TrafficSpec's address as ip:port, for a page (already parsed by _outbound)."""
+    ip = outbound.address_of(addr)
+    return f"[{ip}]:{addr.port}" if ":" in ip else f"{ip}:{addr.port}"

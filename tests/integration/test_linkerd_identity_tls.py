@@ -186,3 +186,18 @@ async def test_serve_says_where_the_trust_anchors_and_a_proxys_environment_are(
     assert service.trust_anchors_path.read_bytes() == service.ca.issuer.trust_anchors_pem()
     assert service.proxy_environment("127.0.0.1:0", app.grpc_port)[
         "LINKERD2_PROXY_IDENTITY_TRUST_ANCHORS"] in text
+
+
+async def test_the_proxy_environment_names_every_workload_setting_a_sidecar_needs(
+        start: Start) -> None:
+    # A by-hand run with a real linkerd2-proxy sourced proxy.env and had no context
+    # token on its Get streams: the injector's LINKERD2_PROXY_DESTINATION_CONTEXT.
+    app = await start(listen="127.0.0.1:0")
+    service: IdentityService = app.service("identity")
+    text = (service.state_dir / "proxy.env").read_text()
+    for name in ("LINKERD2_PROXY_DESTINATION_CONTEXT", "LINKERD2_PROXY_POLICY_WORKLOAD",
+                 "LINKERD2_PROXY_IDENTITY_SERVER_ID", "LINKERD2_PROXY_IDENTITY_DIR",
+                 "LINKERD2_PROXY_IDENTITY_TOKEN_FILE"):
+        assert f"export {name}=" in text, name
+    assert ("export LINKERD2_PROXY_DESTINATION_CONTEXT="
+            """'{"ns":"<ns>","nodeName":"<node>","pod":"<pod>"}'\n""") in text
