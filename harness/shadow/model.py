@@ -208,6 +208,19 @@ def differences(ours: Answer, theirs: Answer,
     return out
 
 
+# Profile fields the two semantics fill differently, and how: Linkerd 2.20 leaves the
+# ServiceProfile reference's kind empty (docs/linkerd.md, differences from Linkerd 2.20,
+# row 8), proto semantics names it.
+_SEMANTIC_FIELDS: Final[Mapping[str, frozenset[str]]] = {
+    "profile.profile_ref.resource.kind": frozenset({"ServiceProfile", UNSET}),
+}
+
+
+def _is_semantic(d: Difference) -> bool:
+    values = _SEMANTIC_FIELDS.get(d.field)
+    return d.kind == "field" and values is not None and {d.ours, d.theirs} == values
+
+
 def _semantics_pair(a: Answer, b: Answer) -> bool:
     return ((a.signal in PROTO_SIGNALS and b.signal in LINKERD_220_SIGNALS)
             or (b.signal in PROTO_SIGNALS and a.signal in LINKERD_220_SIGNALS))
@@ -239,11 +252,14 @@ def compare(ours: Answer, theirs: Answer, ignore: FieldFilter = NOTHING) -> Verd
         return Verdict(MISSING, (Difference("missing", ours=ours.describe(),
                                             theirs=theirs.describe()),), side)
     diffs = differences(ours, theirs, ignore)
-    if diffs:
+    semantic = [d for d in diffs if _is_semantic(d)]
+    if len(semantic) < len(diffs):
         return Verdict(DIFFERS, tuple(diffs))
     if ours.signal != theirs.signal and _semantics_pair(ours, theirs):
         return Verdict(SEMANTICS, (Difference("semantics", ours=ours.signal,
-                                              theirs=theirs.signal),))
+                                              theirs=theirs.signal), *semantic))
+    if semantic:
+        return Verdict(SEMANTICS, tuple(semantic))
     return Verdict(EQUAL)
 
 

@@ -196,11 +196,15 @@ async def test_redundant_messages_empty_adds_and_a_refused_getprofile(tmp_path: 
               "empty": [],
               "same": [add("10.0.0.1", labels=labels)]}
     fqn = destination_pb2.DestinationProfile(fully_qualified_name="svc.ns.svc.cluster.local")
-    async with destination(ours, {"same": fqn}) as o, destination(theirs) as t:
+    # --targets takes names in the one name grammar: each script as a service's name.
+    name = {k: f"{k}.shadow.svc.cluster.local:80" for k in ours}
+    ours, theirs = ({name[k]: v for k, v in d.items()} for d in (ours, theirs))
+    async with destination(ours, {name["same"]: fqn}) as o, destination(theirs) as t:
         run = ShadowRun("--api", "linkerd", "--ours", o, "--theirs", t,
                         "--targets", targets_file(tmp_path, *ours))
-        latest = await run.until(run.settled, "every target compared")
+        settled = await run.until(run.settled, "every target compared")
         rc, summary = await run.finish()
+    latest = {k.split(".", 1)[0]: v for k, v in settled.items()}
     assert latest["repeat"]["status"] == "differs"
     assert latest["repeat"]["differences"] == [
         {"kind": "field", "field": "messages.redundant", "ours": "0", "theirs": "1"}]
@@ -250,7 +254,8 @@ def _health(cla: endpoint_pb2.ClusterLoadAssignment) -> None:
 
 def _metadata(cla: endpoint_pb2.ClusterLoadAssignment) -> None:
     if (lb := _first(cla)) is not None:
-        lb.metadata.filter_metadata["istio"].update({"workload": "planted"})
+        # A key no metadata profile sets (the default istio profile sets `workload`).
+        lb.metadata.filter_metadata["istio"].update({"planted": "yes"})
 
 
 def _priority(cla: endpoint_pb2.ClusterLoadAssignment) -> None:
@@ -267,7 +272,7 @@ XDS_PLANTS: list[tuple[Callable[[endpoint_pb2.ClusterLoadAssignment], None], str
                        str]] = [
     (_weight, "load_balancing_weight.value", "1", "7", "endpoint.load_balancing_weight"),
     (_health, "health_status", "HEALTHY", "DRAINING", "endpoint.health_status"),
-    (_metadata, "metadata.filter_metadata.istio.workload", "(unset)", "planted",
+    (_metadata, "metadata.filter_metadata.istio.planted", "(unset)", "yes",
      "endpoint.metadata.filter_metadata.istio"),
     (_priority, "priority", "(unset)", "1", "endpoint.priority"),
     (_policy, "cla.policy.overprovisioning_factor.value", "(unset)", "200", "cla.policy"),
