@@ -7,6 +7,7 @@ meshbridge presents, and its Helm and annotation YAML say what the page says."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from linkerd_api.identity import IdentityOptions
 from meshbridge.app import App, ServeOptions
 from meshbridge.cli import parse_args
 from meshbridge.layers import protocol_layers
+from tests import polling
 from tests.conftest import AppFactory
 from tests.integration.envoy import envoy_binary
 from tests.integration.linkerd_support import Stream
@@ -147,37 +149,55 @@ def web_hosts(admin: int, name: str) -> list[str]:
     return []
 
 
+def envoy_bootstrap(values: dict[str, str], api_type: str = "GRPC") -> str:
+    """The page's bootstrap, filled; DELTA_GRPC is the page's one-word variant."""
+    text = block("envoy.md", "envoy-bootstrap")
+    if api_type == "DELTA_GRPC":
+        assert text.count("api_type: GRPC\n") == 1
+        text = text.replace("api_type: GRPC\n", "api_type: DELTA_GRPC\n")
+    return envsubst(text, values)
+
+
+@contextlib.contextmanager
+def envoy(bootstrap: str, workdir: Path) -> Iterator[int]:
+    """A real Envoy on `bootstrap` (its admin port 0: --admin-address-path says which
+    one it took); yields the admin port."""
+    binary = envoy_binary()
+    assert binary is not None
+    config = workdir / "bootstrap.yaml"
+    config.write_text(bootstrap)
+    address, log = workdir / "admin-address", workdir / "envoy.log"
+    proc = subprocess.Popen(
+        [binary, "-c", str(config), "--admin-address-path", str(address),
+         "--disable-hot-restart", "--concurrency", "1", "--log-path", str(log),
+         "--drain-time-s", "0"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        eventually_sync(lambda: proc.poll() is not None or (
+            address.exists() and bool(address.read_text().strip())), 30, "Envoy's admin")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        yield int(address.read_text().strip().rsplit(":", 1)[1])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+WEB = "web.emojivoto.svc.cluster.local:80"
+
+
 @pytest.mark.envoy
 @pytest.mark.parametrize("api_type", ["GRPC", "DELTA_GRPC"])
 def test_envoy_with_the_pages_bootstrap_gets_all_four_types_and_its_node_reaches_meshbridge(
         api_type: str, meshbridge_serve: tuple[int, int], tmp_path: Path) -> None:
-    binary = envoy_binary()
-    assert binary is not None
     grpc_port, mesh_admin = meshbridge_serve
     values = exports(block("envoy.md", "envoy-run"))
-    # The page's values, but free ports; admin port 0 + --admin-address-path says
-    # which one Envoy took.
     values.update(MESHBRIDGE_PORT=str(grpc_port), OUTBOUND_PORT=str(free_port()),
                   ENVOY_ADMIN_PORT="0")
-    text = block("envoy.md", "envoy-bootstrap")
-    if api_type == "DELTA_GRPC":  # the page's one-word variant
-        assert text.count("api_type: GRPC\n") == 1
-        text = text.replace("api_type: GRPC\n", "api_type: DELTA_GRPC\n")
-    config = tmp_path / "bootstrap.yaml"
-    config.write_text(envsubst(text, values))
-    address = tmp_path / "admin-address"
-    proc = subprocess.Popen(
-        [binary, "-c", str(config), "--admin-address-path", str(address),
-         "--disable-hot-restart", "--concurrency", "1", "--log-path",
-         str(tmp_path / "envoy.log"), "--drain-time-s", "0"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    web = "web.emojivoto.svc.cluster.local:80"
-    try:
-        eventually_sync(lambda: proc.poll() is not None or (
-            address.exists() and bool(address.read_text().strip())), 30, "Envoy's admin")
-        assert proc.poll() is None, (tmp_path / "envoy.log").read_text()[-3000:]
-        admin = int(address.read_text().strip().rsplit(":", 1)[1])
-
+    with envoy(envoy_bootstrap(values, api_type), tmp_path) as admin:
         def every_type_accepted() -> bool:
             stats = update_stats(admin)
             success = [k for k, v in stats.items() if k.endswith("update_success") and v]
@@ -185,20 +205,19 @@ def test_envoy_with_the_pages_bootstrap_gets_all_four_types_and_its_node_reaches
                     and any(k.startswith("listener_manager.lds.") for k in success)
                     and any(k.startswith("http.outbound_web.rds.") for k in success)
                     # EDS: Envoy counts a cluster's updates under its stat name
-                    and f"cluster.{web.replace(':', '_')}.update_success" in success
-                    and bool(web_hosts(admin, web)))
+                    and f"cluster.{WEB.replace(':', '_')}.update_success" in success
+                    and bool(web_hosts(admin, WEB)))
         eventually_sync(every_type_accepted, 20,
                         lambda: f"CDS, LDS, RDS and EDS accepted: {update_stats(admin)}")
         rejected = {k: v for k, v in update_stats(admin).items()
                     if k.endswith("update_rejected") and v}
         assert rejected == {}
-        assert web_hosts(admin, web)  # the demo's web endpoints, from EDS
         routes = json.loads(http_get(
             f"http://127.0.0.1:{admin}/config_dump?resource=dynamic_route_configs"))
         [route] = routes["configs"]
-        assert route["route_config"]["name"] == web
+        assert route["route_config"]["name"] == WEB
         assert route["route_config"]["virtual_hosts"][0]["routes"][0]["route"][
-            "cluster"] == web
+            "cluster"] == WEB
 
         # The page's check: its /clusters grep finds the example line it shows.
         check = block("envoy.md", "envoy-check").splitlines()
@@ -213,15 +232,67 @@ def test_envoy_with_the_pages_bootstrap_gets_all_four_types_and_its_node_reaches
         streams = json.loads(http_get(f"http://127.0.0.1:{mesh_admin}/debug/streams"))
         assert node_id in json.dumps(streams)
         views = json.loads(http_get(f"http://127.0.0.1:{mesh_admin}/debug/views"))
-        assert any(v["authority"] == web and v["filter"]["node"] == values["NODE_NAME"]
+        assert any(v["authority"] == WEB and v["filter"]["node"] == values["NODE_NAME"]
                    for v in views), views
-    finally:
-        proc.terminate()
+
+
+async def start_http_backends(ips: tuple[str, ...]) -> tuple[list[asyncio.Server], int]:
+    """One tiny HTTP/1.1 server per address, on one port; each answers with its IP."""
+    for _ in range(10):
+        servers: list[asyncio.Server] = []
+        port = 0
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            for ip in ips:
+                async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                 ip: str = ip) -> None:
+                    # Envoy keeps the connection: answer each request on it until it goes.
+                    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                        while await reader.readuntil(b"\r\n\r\n"):
+                            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s"
+                                         % (len(ip), ip.encode()))
+                            await writer.drain()
+                    writer.close()
+                server = await asyncio.start_server(answer, ip, port)
+                port = server.sockets[0].getsockname()[1]
+                servers.append(server)
+            return servers, port
+        except OSError:
+            for s in servers:
+                s.close()
+    raise RuntimeError(f"no port free on all of {ips}")
+
+
+@pytest.mark.envoy
+async def test_an_app_sending_to_the_pages_outbound_listener_reaches_the_services_endpoints(
+        tmp_path: Path, make_app: AppFactory) -> None:
+    # web.emojivoto port 80, its endpoints two real HTTP servers on loopback.
+    ips = ("127.0.0.2", "127.0.0.3")
+    servers, backend_port = await start_http_backends(ips)
+    try:
+        manifests = tmp_path / "manifests"
+        manifests.mkdir()
+        name, ns = WEB.split(".")[:2]
+        Manifests(manifests).write("web.yaml", service_with_addresses(
+            ns, name, 80, backend_port, [(ip, "zone-a") for ip in ips], port_name="http"))
+        app: App = await make_app(manifests)
+        values = exports(block("envoy.md", "envoy-run"))
+        outbound = free_port()
+        values.update(MESHBRIDGE_PORT=str(app.grpc_port), OUTBOUND_PORT=str(outbound),
+                      ENVOY_ADMIN_PORT="0")
+        with envoy(envoy_bootstrap(values), tmp_path):
+            seen: dict[str, int] = {}
+
+            async def both() -> bool:
+                try:  # what the page says the application does: plain HTTP to the port
+                    who = await asyncio.to_thread(http_get, f"http://127.0.0.1:{outbound}/")
+                except OSError:
+                    return False
+                seen[who] = seen.get(who, 0) + 1
+                return set(seen) == set(ips)
+            await polling.eventually(both, 20, lambda: f"both endpoints answer: {seen}")
+    finally:
+        for s in servers:
+            s.close()
 
 
 # --------------------------------------------------------------------- proxyless gRPC
