@@ -175,6 +175,8 @@ class ResourceCache:
         else:
             touched = list(change.services)
         self._refresh(touched)
+        if change.pods:
+            self.endpoints.pods_changed(change.pods)
         self.endpoints.services_changed(touched)
         self.leds.services_changed(touched)
 

@@ -85,7 +85,11 @@ _RES_NAME = wire.field_number(discovery_pb2.Resource.DESCRIPTOR, "name")
 def encode_resource(type_url: str, name: str, body: bytes) -> EncodedResource:
     any_bytes = (wire.string_field(_ANY_TYPE_URL, type_url)
                  + wire.length_delimited(_ANY_VALUE, body))
-    version = hashlib.sha256(body).hexdigest()[:24]
+    return wrap_resource(name, hashlib.sha256(body).hexdigest()[:24], any_bytes)
+
+
+def wrap_resource(name: str, version: str, any_bytes: bytes) -> EncodedResource:
+    """A resource already wrapped in Any (`any_bytes`), at `version`, framed."""
     # A discovery.v3.Resource: version (1), resource (2), name (3), in field order.
     head = (wire.string_field(_RES_VERSION, version)
             + wire.length_delimited_prefix(_RES_RESOURCE, len(any_bytes)))
@@ -263,8 +267,13 @@ class EncodedEndpoint:
     weight: int
     data: bytes
     metadata_key: Hashable = None  # what the metadata was built from, beyond `source`
+    # `data` as a LocalityLbEndpoints.lb_endpoints field, and a hash of that, which is
+    # what a CLA is assembled and versioned from (xds_api.assembly).
+    field: bytes = b""
+    digest: int = 0
 
 
+SortKey = tuple[int, int, int]
 EndpointMemo = Mapping[EndpointId, EncodedEndpoint]
 Locality = tuple[str, str]  # (region, zone)
 Localities = Mapping[Locality, Sequence[EncodedEndpoint]]
@@ -280,9 +289,12 @@ def encode_endpoint(resolved: ResolvedEndpoint, draining: bool,
     ip = ipaddress.ip_address(ep.ip)
     if key is None:
         key = metadata.key(resolved)
+    data = encode_lb_endpoint(resolved, health, metadata, key)
+    chunk = wire.length_delimited(_LOC_ENDPOINTS, data)
+    digest = int.from_bytes(hashlib.blake2b(chunk, digest_size=16).digest(), "little")
     return EncodedEndpoint(resolved, (ep.region, ep.zone or ""),
                            (ip.version, int(ip), ep.port), ep.ready, lb_weight(resolved),
-                           encode_lb_endpoint(resolved, health, metadata, key), key)
+                           data, key, chunk, digest)
 
 
 def group_endpoints(
@@ -322,7 +334,7 @@ def group_endpoints(
     return {loc: localities[loc] for loc in sorted(localities)}, memo
 
 
-def _locality_field(region: str, zone: str) -> bytes:
+def locality_field(region: str, zone: str) -> bytes:
     return wire.length_delimited(_LOC_LOCALITY,
                                  serialize(base_pb2.Locality(region=region, zone=zone)))
 
@@ -332,8 +344,8 @@ def encode_cla_body(name: str, localities: Localities) -> bytes:
     (gRPC skips a locality without one, xDS §3.4), priority 0."""
     parts = [wire.string_field(_CLA_NAME, name)]
     for (region, zone), members in localities.items():
-        body = [_locality_field(region, zone)]
-        body.extend(wire.length_delimited(_LOC_ENDPOINTS, m.data) for m in members)
+        body = [locality_field(region, zone)]
+        body.extend(m.field for m in members)
         weight = min(UINT32_MAX, sum(m.weight for m in members))
         body.append(wire.length_delimited(_LOC_WEIGHT, wire.uint_field(1, weight)))
         parts.append(wire.length_delimited(_CLA_ENDPOINTS, b"".join(body)))
@@ -350,7 +362,7 @@ def encode_leds_cla_body(name: str, localities: Iterable[Locality],
     for locality in localities:
         config = endpoint_components_pb2.LedsClusterLocalityConfig(
             leds_config=_ads(), leds_collection_name=collection(locality))
-        body = _locality_field(*locality) + wire.length_delimited(_LOC_LEDS, serialize(config))
+        body = locality_field(*locality) + wire.length_delimited(_LOC_LEDS, serialize(config))
         parts.append(wire.length_delimited(_CLA_ENDPOINTS, body))
     return b"".join(parts)
 
