@@ -67,7 +67,7 @@ def _winner_key(enc: EncodedEndpoint) -> tuple[bool, bool, EndpointId]:
 class LocalityRun:
     """One locality's endpoints in address order, with what its header needs."""
 
-    field: bytes  # the LocalityLbEndpoints.locality field
+    header: bytes  # the LocalityLbEndpoints.locality field
     keys: list[SortKey] = field(default_factory=list)
     members: list[EncodedEndpoint] = field(default_factory=list)
     chunks: list[bytes] = field(default_factory=list)  # members' lb_endpoints fields
@@ -195,9 +195,9 @@ class ClaAssembly:
         if prev is new:
             return
         if prev is not None:
-            run = self.runs[prev.locality]
-            run.remove(prev)
-            if not run.members:
+            old_run = self.runs[prev.locality]
+            old_run.remove(prev)
+            if not old_run.members:
                 del self.runs[prev.locality]
         if new is None:
             del self._chosen[addr]
@@ -223,14 +223,14 @@ class ClaAssembly:
             run = self.runs[loc]
             weight = min(UINT32_MAX, run.weight)
             wfield = wire.length_delimited(_LOC_WEIGHT, wire.uint_field(1, weight))
-            inner = len(run.field) + run.size + len(wfield)
+            inner = len(run.header) + run.size + len(wfield)
             head = wire.length_delimited_prefix(_CLA_ENDPOINTS, inner)
             parts.append(head)
-            parts.append(run.field)
+            parts.append(run.header)
             parts.extend(run.chunks)
             parts.append(wfield)
             size += len(head) + inner
-            digests.append(b"%b:%d:%032x" % (run.field, weight, run.digest))
+            digests.append(b"%b:%d:%032x" % (run.header, weight, run.digest))
         version = hashlib.sha256(b"\n".join(digests)).hexdigest()[:24]
         any_bytes = b"".join([_ANY_HEAD, wire.length_delimited_prefix(_ANY_VALUE, size),
                               *parts])
