@@ -96,8 +96,8 @@ class LocalityRun:
 class ClaAssembly:
     """One View's CLA, assembled from cached per-endpoint bytes; see the module."""
 
-    __slots__ = ("_by_addr", "_chosen", "draining", "entries", "metadata", "rekey",
-                 "runs", "version")
+    __slots__ = ("_by_addr", "_chosen", "draining", "entries", "metadata", "moves",
+                 "rekey", "runs", "version")
 
     def __init__(self, draining: bool, metadata: MetadataEncoder) -> None:
         self.draining = draining
@@ -111,6 +111,9 @@ class ClaAssembly:
         # Endpoints whose metadata may have changed without the endpoint (pod labels,
         # read by the istio profile): looked at again on the next change.
         self.rekey: set[EndpointId] = set()
+        # What the last `apply` did to the CLA's endpoints, (before, after) per address
+        # whose endpoint changed, for LEDS to follow; None after a `rebuild`.
+        self.moves: list[tuple[EncodedEndpoint | None, EncodedEndpoint | None]] | None = None
 
     # ------------------------------------------------------------- following
 
@@ -141,6 +144,7 @@ class ClaAssembly:
             run.digest = (run.digest + enc.digest) & _DIGEST_MASK
         self.entries, self._by_addr, self._chosen, self.runs = entries, by_addr, chosen, runs
         self.rekey.clear()
+        self.moves = None
         self.version = version
 
     def apply(self, added: Iterable[ResolvedEndpoint], removed: Iterable[ResolvedEndpoint],
@@ -148,6 +152,7 @@ class ClaAssembly:
         """One View change: `added` (new or changed) and `removed` endpoints, against
         the version this assembly reflects (`version - 1`)."""
         touched: set[SortKey] = set()
+        self.moves = []
         for r in removed:
             self._drop(r.id, touched)
         changed = {r.id: r for r in added}
@@ -194,6 +199,8 @@ class ClaAssembly:
         prev = self._chosen.get(addr)
         if prev is new:
             return
+        assert self.moves is not None
+        self.moves.append((prev, new))
         if prev is not None:
             old_run = self.runs[prev.locality]
             old_run.remove(prev)

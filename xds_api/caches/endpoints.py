@@ -201,7 +201,7 @@ class EndpointCache:
         return self._counted(self.assembly_of(view).resource(name))
 
     def _encode_leds_cla(self, name: str, view: View) -> EncodedResource:
-        body = encode_leds_cla_body(name, self.groups_of(view),
+        body = encode_leds_cla_body(name, sorted(self.assembly_of(view).runs),
                                     lambda locality: leds_collection(name, locality))
         return self._counted(encode_resource(rt.ENDPOINT, name, body))
 
