@@ -10,7 +10,7 @@ from google.protobuf import any_pb2
 
 from bridge.model import BASE_WEIGHT, Endpoint, EndpointId, Enrichment, ResolvedEndpoint
 from xds_api import resource_types as rt
-from xds_api import resources
+from xds_api import assembly, resources
 from xds_api.assembly import ClaAssembly
 from xds_api.resources import MetadataEncoder
 
@@ -40,8 +40,11 @@ def cla_of(any_bytes: bytes) -> endpoint_pb2.ClusterLoadAssignment:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("draining", [False, True])
+@pytest.mark.parametrize("block", [2, assembly.BLOCK])
 def test_a_cla_assembled_change_by_change_is_the_one_encoded_from_scratch(
-        seed: int, draining: bool) -> None:
+        seed: int, draining: bool, block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small blocks: a locality's blocks split and empty many times over.
+    monkeypatch.setattr(assembly, "BLOCK", block)
     rng = random.Random(seed)
     metadata = ENCODERS[resources.METADATA_PROFILES[seed % 3]]
     ids = [EndpointId(rng.choice(["pod", "address"]), "app", f"e{i}", "IPv4")

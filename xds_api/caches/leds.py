@@ -204,7 +204,7 @@ class LedsCache:
             collection = leds_collection(name, locality)
             members = out[collection] = {}
             previous = old.get(collection, {})
-            for enc in run.members:
+            for enc in run.members():
                 ep = enc.source.endpoint
                 member = leds_member(collection, ep.ip, ep.port)
                 prev = previous.get(member)
