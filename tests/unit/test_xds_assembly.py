@@ -9,8 +9,8 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import any_pb2
 
 from bridge.model import BASE_WEIGHT, Endpoint, EndpointId, Enrichment, ResolvedEndpoint
-from xds_api import resource_types as rt
 from xds_api import assembly, resources
+from xds_api import resource_types as rt
 from xds_api.assembly import ClaAssembly
 from xds_api.resources import MetadataEncoder
 
