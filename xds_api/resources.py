@@ -375,7 +375,9 @@ def encode_cla(
     metadata: MetadataEncoder = LINKERD_ENCODER,
 ) -> tuple[bytes, dict[EndpointId, EncodedEndpoint]]:
     """A ClusterLoadAssignment's bytes, plus the per-endpoint encodings to reuse next
-    time (see `group_endpoints` and `encode_cla_body`)."""
+    time (see `group_endpoints` and `encode_cla_body`). The server keeps each View's
+    CLA assembled instead (`xds_api.assembly`), to these very bytes; this is the
+    from-scratch reference its tests compare with."""
     localities, memo = group_endpoints(endpoints, draining, previous, metadata)
     return encode_cla_body(name, localities), memo
 
