@@ -1,12 +1,13 @@
 """Big services: what one endpoint change costs as the service grows (issue 16).
 
     python -m bench.big_service [--endpoints 100,1000,10000] [--changes 300] [--runs 5]
-                                [--latency-endpoints 10000] [--rate 3] [--latency-changes 60]
-                                [--streams 5] [--json]
+                                [--metadata istio] [--latency-endpoints 10000] [--rate 3]
+                                [--latency-changes 60] [--streams 5] [--json]
 
 CPU: no network, in this process: the cluster cache, the View registry and both
-protocol layers' encoders on one meshed service of N endpoints in slices of 100,
-one subscriber per protocol. Each change scales the service up or down by one pod (a
+protocol layers' caches on one meshed service of N endpoints in slices of 100, with
+one Linkerd subscriber, one SotW EDS subscriber and one LEDS subscriber of every
+collection of the service (the cache's own watches, as a stream has them). Each change scales the service up or down by one pod (a
 pod event plus the one EndpointSlice it lands in, as the slice controller writes
 them; the events are built before the clock starts, since the simulator that writes
 them is no part of the server). Per change, process CPU time (time.process_time)
@@ -14,8 +15,12 @@ around:
 
     core + Linkerd  Cluster.apply (merge, enrich, filter, diff, publish) and the
                     Linkerd `Update` bytes of the change (linkerd_api's encoder)
-    xDS CLA         the new version's ClusterLoadAssignment (xds_api's cache): the
-                    whole set by protocol (SotW and delta EDS alike), so O(N)
+    xDS CLA         the new version's ClusterLoadAssignment bytes as a stream is
+                    handed them (SotW and delta EDS alike: the whole set, by
+                    protocol), with the xDS View callback that moves the CLA's
+                    assembly by the change (timed inside Cluster.apply, counted here)
+    LEDS            the LEDS stream's reply (the members changed and removed) and
+                    recording what it then holds, with the LEDS View callback
 
 The figure of a run is the median over its changes; the table shows the median of
 runs.
@@ -82,13 +87,19 @@ class _XdsWatcher:
 
 
 class _Stopwatch:
-    """Process CPU time spent in the wrapped callables, outermost calls only."""
+    """Process CPU time spent in the wrapped callables, by label; a call made inside
+    another wrapped one counts for the outer one only."""
 
     def __init__(self) -> None:
-        self.total = 0.0
+        self.totals: dict[str, float] = {}
         self._depth = 0
 
-    def wrap(self, fn: Any) -> Any:
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(self.totals, 0.0)
+
+    def wrap(self, label: str, fn: Any) -> Any:
+        self.totals[label] = 0.0
+
         def timed(*args: Any) -> Any:
             self._depth += 1
             t0 = time.process_time()
@@ -97,7 +108,7 @@ class _Stopwatch:
             finally:
                 self._depth -= 1
                 if not self._depth:
-                    self.total += time.process_time() - t0
+                    self.totals[label] += time.process_time() - t0
         return timed
 
 
@@ -136,10 +147,10 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
                           metadata=MetadataEncoder(profile, pod_labels=pod_labels))
     # What the View callbacks do for xDS (O(change) bookkeeping), timed apart from
     # the core's work that surrounds them.
-    eds_watch, leds_watch = _Stopwatch(), _Stopwatch()
+    watch = _Stopwatch()
     eds, leds = cache.endpoints, cache.leds
-    eds.view_changed = eds_watch.wrap(eds.view_changed)  # type: ignore[method-assign]
-    leds.view_changed = leds_watch.wrap(leds.view_changed)  # type: ignore[method-assign]
+    eds.view_changed = watch.wrap("eds", eds.view_changed)  # type: ignore[method-assign]
+    leds.view_changed = watch.wrap("leds", leds.view_changed)  # type: ignore[method-assign]
     # One SotW EDS subscriber (a delta EDS one is sent the very same CLA bytes) and
     # one LEDS subscriber of every collection of the service.
     sotw = Subscription(rt.ENDPOINT)
@@ -177,7 +188,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     for i in range(changes):
         events = sim._step_scale(svc, up=i % 2 == 0)
         version = view.version
-        eds_watch.total = leds_watch.total = 0.0
+        watch.reset()
         t0 = time.process_time()
         cluster.apply(events)
         t1 = time.process_time()
@@ -187,9 +198,10 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
         t3 = time.process_time()
         assert view.version == version + 1 and linkerd.messages and held[0] is not None
         assert 0 < sent <= 4, sent
-        core_linkerd.append((t1 - t0 - eds_watch.total - leds_watch.total) * 1e6)
-        cla.append((t2 - t1 + eds_watch.total) * 1e6)
-        leds_cost.append((t3 - t2 + leds_watch.total) * 1e6)
+        in_eds, in_leds = watch.totals["eds"], watch.totals["leds"]
+        core_linkerd.append((t1 - t0 - in_eds - in_leds) * 1e6)
+        cla.append((t2 - t1 + in_eds) * 1e6)
+        leds_cost.append((t3 - t2 + in_leds) * 1e6)
     cache.close()
     return {"core_linkerd": statistics.median(core_linkerd), "cla": statistics.median(cla),
             "leds": statistics.median(leds_cost)}
