@@ -16,7 +16,7 @@
 * LEDS (§7): a delta client that asks for it (node metadata `meshbridge.io/leds:
   "always"`), or whose View has at least `leds_threshold` endpoints (unless it says
   `"never"`), gets the CLA whose localities name LEDS collections instead
-  (`caches/leds.py` serves their members, from the same per-version grouping).
+  (`caches/leds.py` serves their members, from the same CLA assembly).
 
 A watched name is an `EndpointWatch`: the View's subscriber on the stream's behalf,
 keeping the View it joined (and is handed on every change), so that what is due is
@@ -39,7 +39,6 @@ from xds_api.resources import (
     ISTIO_METADATA,
     LINKERD_ENCODER,
     EncodedResource,
-    Localities,
     MetadataEncoder,
     encode_leds_cla_body,
     encode_resource,
@@ -93,7 +92,6 @@ class EndpointCache:
         # Per View: its CLA kept assembled across versions (xds_api.assembly).
         self._assemblies: weakref.WeakKeyDictionary[View, ClaAssembly] = (
             weakref.WeakKeyDictionary())
-        self._groups_key = ("xds_api.groups", draining)
         self._cla_key = ("xds_api.cla", draining)
         self._leds_cla_key = ("xds_api.cla.leds", draining)
 
@@ -151,12 +149,6 @@ class EndpointCache:
             self._leds_cla_key, lambda: self._encode_leds_cla(name, view))
         return res
 
-    def groups_of(self, view: View) -> Localities:
-        """The View's endpoints, encoded and grouped by locality, once per version:
-        what the CLA, its LEDS form and the LEDS collections are all built from."""
-        groups: Localities = view.cached(self._groups_key, lambda: self._group(view))
-        return groups
-
     def wildcard_names(self) -> Iterable[str]:
         return ()
 
@@ -191,9 +183,6 @@ class EndpointCache:
                     eid = EndpointId("pod", ns, pod, family)
                     if eid in asm.entries:
                         asm.rekey.add(eid)
-
-    def _group(self, view: View) -> Localities:
-        return self.assembly_of(view).localities()
 
     def _encode_cla(self, name: str, view: View | None) -> EncodedResource:
         if view is None:

@@ -7,9 +7,11 @@ locality of a CLA (§7), so that a one-endpoint change is one small delta respon
 * Subscription: by collection, over delta ADS only (§7.1). A collection's members
   are what the client holds; `removed_resources` carries members that left and, once,
   a collection that does not exist (not ours, or its service port does not).
-* Content: the very LbEndpoint bytes the CLA would carry, from the per-version
-  grouping `EndpointCache.groups_of` shares with EDS; wrapped as resources once per
-  endpoint change for every stream (`_members_of`).
+* Content: the very LbEndpoint bytes the CLA would carry, from the View's CLA
+  assembly (`EndpointCache.assembly_of`, `xds_api/assembly.py`); each View's members
+  move with its changes (`view_changed`), wrapped as resources once per endpoint
+  change for every stream, and a stream in step compares only the members changed
+  since its last reply (`delta_reply`).
 * Wildcard: none.
 
 A watched collection is a `CollectionWatch`: the View's subscriber on the stream's
@@ -148,7 +150,7 @@ class LedsCache:
 
     def _state_of(self, view: View) -> MemberState:
         """The View's members at its current version: moved by each change alone
-        (`view_changed`), built from the whole grouping only when it missed one."""
+        (`view_changed`), built from the whole assembly only when it missed one."""
         state = self._states.get(view)
         if state is None:
             state = self._states[view] = MemberState()
