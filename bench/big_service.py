@@ -7,20 +7,22 @@
 CPU: no network, in this process: the cluster cache, the View registry and both
 protocol layers' caches on one meshed service of N endpoints in slices of 100, with
 one Linkerd subscriber, one SotW EDS subscriber and one LEDS subscriber of every
-collection of the service (the cache's own watches, as a stream has them). Each change scales the service up or down by one pod (a
-pod event plus the one EndpointSlice it lands in, as the slice controller writes
-them; the events are built before the clock starts, since the simulator that writes
-them is no part of the server). Per change, process CPU time (time.process_time)
-around:
+collection of the service (the cache's own watches, as a stream has them). Each
+change scales the service up or down by one pod (a pod event plus the one
+EndpointSlice it lands in, as the slice controller writes them; the events are
+built before the clock starts, since the simulator that writes them is no part of
+the server). Per change, process CPU time (time.process_time) around:
 
     core + Linkerd  Cluster.apply (merge, enrich, filter, diff, publish) and the
                     Linkerd `Update` bytes of the change (linkerd_api's encoder)
-    xDS CLA         the new version's ClusterLoadAssignment bytes as a stream is
-                    handed them (SotW and delta EDS alike: the whole set, by
-                    protocol), with the xDS View callback that moves the CLA's
-                    assembly by the change (timed inside Cluster.apply, counted here)
-    LEDS            the LEDS stream's reply (the members changed and removed) and
-                    recording what it then holds, with the LEDS View callback
+    xDS CLA         the new version's ClusterLoadAssignment, framed as one SotW
+                    stream's response (delta EDS carries the same bytes: the whole
+                    set, by protocol), with the xDS View callback that moves the
+                    CLA's assembly by the change (timed inside Cluster.apply, counted
+                    here); each further stream costs one more framing
+    LEDS            one LEDS stream's reply (the members changed and removed),
+                    framed, and recording what it then holds, with the LEDS View
+                    callback
 
 The figure of a run is the median over its changes; the table shows the median of
 runs.
@@ -123,9 +125,10 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     from linkerd_api.endpoint_streams import UpdateEncoder
     from linkerd_api.translate import Translator
     from xds_api import resource_types as rt
-    from xds_api.cache import ResourceCache
+    from xds_api.cache import Reply, ResourceCache
     from xds_api.names import leds_collection
     from xds_api.resources import MetadataEncoder
+    from xds_api.stream import DeltaStream, SotwStream
     from xds_api.subscription import ABSENT, Subscription
 
     sim = simulated(endpoints)
@@ -161,13 +164,25 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     ledsub.names.update(collections)
     ledsub.dirty.update(collections)
 
+    # Streams only to frame responses with: what each stream adds to the shared bytes.
+    sotw_stream, delta_stream = SotwStream(cache), DeltaStream(cache)
+
+    def eds_push() -> bytes:
+        """What a SotW EDS stream is handed per change, framed as its response."""
+        res = eds.resource(sotw, name)
+        assert res is not None
+        return sotw_stream._encode(Reply(rt.ENDPOINT, eds.version(), (res,)),
+                                   rt.ENDPOINT, "1")
+
     def leds_push() -> int:
-        """What a LEDS stream does per change: the reply, and recording it held."""
+        """What a LEDS stream does per change: the reply, framed, and recording what
+        the client then holds."""
         reply = cache.delta_reply(ledsub)
         ledsub.dirty.clear()
         ledsub.must_reply = False
         if reply is None:
             return 0
+        delta_stream._encode(reply, rt.LB_ENDPOINT, "1")
         for r in reply.resources:
             ledsub.sent[r.name] = r.version
         for gone in reply.removed:
@@ -180,7 +195,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     # The first version, as a subscriber would have it. The bench holds each CLA until
     # the next is encoded, so freeing the old one (pages of bytes) is timed as the
     # xDS cost it is, not where the View drops its per-version cache.
-    held = [eds.resource(sotw, name)]
+    held = [eds_push()]
     leds_push()
     svc = sim.services[0]
     core_linkerd, cla, leds_cost = [], [], []
@@ -192,11 +207,11 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
         t0 = time.process_time()
         cluster.apply(events)
         t1 = time.process_time()
-        held[0] = eds.resource(sotw, name)
+        held[0] = eds_push()
         t2 = time.process_time()
         sent = leds_push()
         t3 = time.process_time()
-        assert view.version == version + 1 and linkerd.messages and held[0] is not None
+        assert view.version == version + 1 and linkerd.messages and held[0]
         assert 0 < sent <= 4, sent
         in_eds, in_leds = watch.totals["eds"], watch.totals["leds"]
         core_linkerd.append((t1 - t0 - in_eds - in_leds) * 1e6)

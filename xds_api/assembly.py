@@ -7,8 +7,10 @@ the CLA is its name, then per locality a tag and length, the Locality, every
 LbEndpoint's cached field bytes in address order, and the weight. A `ClaAssembly`
 keeps, per locality, the endpoints in address order in blocks of those field bytes,
 each block joined once; a change re-encodes only the endpoints it names, moves them
-in or out of their blocks (`bisect`), joins those blocks again, and the CLA is one
-C-level `b"".join` of the blocks.
+in or out of their blocks (`bisect`) and joins those blocks again; the CLA is the
+sequence of its blocks, which each stream's response joins into itself (one C-level
+`b"".join`, a few large contiguous copies), so the whole CLA is never copied but
+into the responses.
 
 The resource version is a content hash too, but of a digest kept in step: each
 endpoint's field bytes are hashed once when encoded, and a locality's digest is the
@@ -283,7 +285,7 @@ class ClaAssembly:
         return {loc: tuple(self.runs[loc].members()) for loc in sorted(self.runs)}
 
     def resource(self, name: str) -> EncodedResource:
-        """The CLA as every stream sends it: one join of the cached blocks."""
+        """The CLA as every stream sends it: the cached blocks, in order."""
         parts = [wire.string_field(_CLA_NAME, name)]
         size = len(parts[0])
         digests = [name.encode()]
@@ -300,6 +302,7 @@ class ClaAssembly:
             size += len(head) + inner
             digests.append(b"%b:%d:%032x" % (run.header, weight, run.digest))
         version = hashlib.sha256(b"\n".join(digests)).hexdigest()[:24]
-        any_bytes = b"".join([_ANY_HEAD, wire.length_delimited_prefix(_ANY_VALUE, size),
-                              *parts])
-        return wrap_resource(name, version, any_bytes)
+        value = wire.length_delimited_prefix(_ANY_VALUE, size)
+        # Not joined here: each stream's response joins these pieces into itself.
+        return wrap_resource(name, version, (_ANY_HEAD, value, *parts),
+                             len(_ANY_HEAD) + len(value) + size)

@@ -64,14 +64,24 @@ class EncodedResource:
     The few bytes that frame it in a response are computed here too, so that a push
     to thousands of streams only joins bytes: a SotW response carries
     `sotw_prefix + any_bytes`, a delta one `delta_head + any_bytes + delta_tail`.
+    The Any comes in pieces (`any_parts`) that each stream's response joins: a large
+    CLA is its assembly's blocks (`xds_api.assembly`), never copied whole but into
+    the responses themselves.
     """
 
     name: str
     version: str  # content hash: the delta per-resource version (xDS §2)
-    any_bytes: bytes  # the resource wrapped in google.protobuf.Any, serialized
+    # The resource wrapped in google.protobuf.Any, serialized: these concatenated.
+    any_parts: tuple[bytes, ...]
     sotw_prefix: bytes  # DiscoveryResponse.resources: tag and length
     delta_head: bytes  # DeltaDiscoveryResponse.resources: tag, length, Resource.version..
     delta_tail: bytes  # ..and Resource.name after the Any
+
+    @property
+    def any_bytes(self) -> bytes:
+        """The Any in one piece (joined on each call for a resource in many)."""
+        parts = self.any_parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 _SOTW_RESOURCES = wire.field_number(discovery_pb2.DiscoveryResponse.DESCRIPTOR, "resources")
@@ -85,19 +95,22 @@ _RES_NAME = wire.field_number(discovery_pb2.Resource.DESCRIPTOR, "name")
 def encode_resource(type_url: str, name: str, body: bytes) -> EncodedResource:
     any_bytes = (wire.string_field(_ANY_TYPE_URL, type_url)
                  + wire.length_delimited(_ANY_VALUE, body))
-    return wrap_resource(name, hashlib.sha256(body).hexdigest()[:24], any_bytes)
+    return wrap_resource(name, hashlib.sha256(body).hexdigest()[:24], (any_bytes,),
+                         len(any_bytes))
 
 
-def wrap_resource(name: str, version: str, any_bytes: bytes) -> EncodedResource:
-    """A resource already wrapped in Any (`any_bytes`), at `version`, framed."""
+def wrap_resource(name: str, version: str, any_parts: tuple[bytes, ...],
+                  any_size: int) -> EncodedResource:
+    """A resource already wrapped in Any (`any_parts`, `any_size` bytes in all), at
+    `version`, framed."""
     # A discovery.v3.Resource: version (1), resource (2), name (3), in field order.
     head = (wire.string_field(_RES_VERSION, version)
-            + wire.length_delimited_prefix(_RES_RESOURCE, len(any_bytes)))
+            + wire.length_delimited_prefix(_RES_RESOURCE, any_size))
     tail = wire.string_field(_RES_NAME, name)
-    size = len(head) + len(any_bytes) + len(tail)
+    size = len(head) + any_size + len(tail)
     return EncodedResource(
-        name, version, any_bytes,
-        sotw_prefix=wire.length_delimited_prefix(_SOTW_RESOURCES, len(any_bytes)),
+        name, version, any_parts,
+        sotw_prefix=wire.length_delimited_prefix(_SOTW_RESOURCES, any_size),
         delta_head=wire.length_delimited_prefix(_DELTA_RESOURCES, size) + head,
         delta_tail=tail)
 
