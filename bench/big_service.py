@@ -1,21 +1,28 @@
 """Big services: what one endpoint change costs as the service grows (issue 16).
 
     python -m bench.big_service [--endpoints 100,1000,10000] [--changes 300] [--runs 5]
-                                [--latency-endpoints 10000] [--rate 3] [--latency-changes 60]
-                                [--streams 5] [--json]
+                                [--metadata istio] [--latency-endpoints 10000] [--rate 3]
+                                [--latency-changes 60] [--streams 5] [--json]
 
 CPU: no network, in this process: the cluster cache, the View registry and both
-protocol layers' encoders on one meshed service of N endpoints in slices of 100,
-one subscriber per protocol. Each change scales the service up or down by one pod (a
-pod event plus the one EndpointSlice it lands in, as the slice controller writes
-them; the events are built before the clock starts, since the simulator that writes
-them is no part of the server). Per change, process CPU time (time.process_time)
-around:
+protocol layers' caches on one meshed service of N endpoints in slices of 100, with
+one Linkerd subscriber, one SotW EDS subscriber and one LEDS subscriber of every
+collection of the service (the cache's own watches, as a stream has them). Each
+change scales the service up or down by one pod (a pod event plus the one
+EndpointSlice it lands in, as the slice controller writes them; the events are
+built before the clock starts, since the simulator that writes them is no part of
+the server). Per change, process CPU time (time.process_time) around:
 
     core + Linkerd  Cluster.apply (merge, enrich, filter, diff, publish) and the
                     Linkerd `Update` bytes of the change (linkerd_api's encoder)
-    xDS CLA         the new version's ClusterLoadAssignment (xds_api's cache): the
-                    whole set by protocol (SotW and delta EDS alike), so O(N)
+    xDS CLA         the new version's ClusterLoadAssignment, framed as one SotW
+                    stream's response (delta EDS carries the same bytes: the whole
+                    set, by protocol), with the xDS View callback that moves the
+                    CLA's assembly by the change (timed inside Cluster.apply, counted
+                    here); each further stream costs one more framing
+    LEDS            one LEDS stream's reply (the members changed and removed),
+                    framed, and recording what it then holds, with the LEDS View
+                    callback
 
 The figure of a run is the median over its changes; the table shows the median of
 runs.
@@ -64,8 +71,52 @@ def simulated(endpoints: int, seed: int = 3) -> Any:
         slice_size=100, meshed=True), churn=Churn(rate=0)))
 
 
-def measure_cpu(endpoints: int, changes: int) -> dict[str, float]:
-    """Median per-change CPU µs of one run: core + Linkerd, and the xDS CLA."""
+class _XdsWatcher:
+    """A stream as the cache sees it (xds_api.caches.type_cache.Watcher): it only
+    marks what is due, as a stream does before its next write."""
+
+    node_name = ""
+
+    def __init__(self, protocol: str, sub: Any) -> None:
+        self.protocol = protocol
+        self.sub = sub
+
+    def resource_changed(self, type_url: str, name: str) -> None:
+        self.sub.dirty.add(name)
+
+    def endpoints_changed(self, name: str, view: Any) -> None:
+        self.sub.dirty.add(name)
+
+
+class _Stopwatch:
+    """Process CPU time spent in the wrapped callables, by label; a call made inside
+    another wrapped one counts for the outer one only."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self._depth = 0
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(self.totals, 0.0)
+
+    def wrap(self, label: str, fn: Any) -> Any:
+        self.totals[label] = 0.0
+
+        def timed(*args: Any) -> Any:
+            self._depth += 1
+            t0 = time.process_time()
+            try:
+                return fn(*args)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    self.totals[label] += time.process_time() - t0
+        return timed
+
+
+def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[str, float]:
+    """Median per-change CPU µs of one run: core + Linkerd, the xDS CLA (SotW and
+    delta EDS), and the LEDS resources of one LEDS subscriber."""
     import gc
 
     from bridge.cluster import Cluster, Event, EventType
@@ -73,7 +124,12 @@ def measure_cpu(endpoints: int, changes: int) -> dict[str, float]:
     from bridge.views import ViewRegistry
     from linkerd_api.endpoint_streams import UpdateEncoder
     from linkerd_api.translate import Translator
-    from xds_api.cache import ResourceCache
+    from xds_api import resource_types as rt
+    from xds_api.cache import Reply, ResourceCache
+    from xds_api.names import leds_collection
+    from xds_api.resources import MetadataEncoder
+    from xds_api.stream import DeltaStream, SotwStream
+    from xds_api.subscription import ABSENT, Subscription
 
     sim = simulated(endpoints)
     cluster = Cluster()
@@ -84,27 +140,86 @@ def measure_cpu(endpoints: int, changes: int) -> dict[str, float]:
     name = key.authority(config.cluster_domain)
     linkerd = _Linkerd(UpdateEncoder(cluster, Translator(config), "proto"))
     view = registry.subscribe(key, linkerd, "bench")
-    cache = ResourceCache(cluster, registry, config.cluster_domain)
+
+    def pod_labels(resolved: Any) -> Any:  # as xds_api.service wires it
+        ep = resolved.endpoint
+        pod = cluster.pods.get((ep.id.namespace, ep.pod_name)) if ep.pod_name else None
+        return pod.meta.labels if pod is not None else {}
+
+    cache = ResourceCache(cluster, registry, config.cluster_domain,
+                          metadata=MetadataEncoder(profile, pod_labels=pod_labels))
+    # What the View callbacks do for xDS (O(change) bookkeeping), timed apart from
+    # the core's work that surrounds them.
+    watch = _Stopwatch()
+    eds, leds = cache.endpoints, cache.leds
+    eds.view_changed = watch.wrap("eds", eds.view_changed)  # type: ignore[method-assign]
+    leds.view_changed = watch.wrap("leds", leds.view_changed)  # type: ignore[method-assign]
+    # One SotW EDS subscriber (a delta EDS one is sent the very same CLA bytes) and
+    # one LEDS subscriber of every collection of the service.
+    sotw = Subscription(rt.ENDPOINT)
+    eds.watch(sotw, [name], _XdsWatcher("xds-sotw", sotw))
+    collections = [leds_collection(name, loc) for loc in eds.assembly_of(view).runs]
+    ledsub = Subscription(rt.LB_ENDPOINT, delta=True)
+    leds.watch(ledsub, collections, _XdsWatcher("xds-delta", ledsub))
+    ledsub.names.update(collections)
+    ledsub.dirty.update(collections)
+
+    # Streams only to frame responses with: what each stream adds to the shared bytes.
+    sotw_stream, delta_stream = SotwStream(cache), DeltaStream(cache)
+
+    def eds_push() -> bytes:
+        """What a SotW EDS stream is handed per change, framed as its response."""
+        res = eds.resource(sotw, name)
+        assert res is not None
+        return sotw_stream._encode(Reply(rt.ENDPOINT, eds.version(), (res,)),
+                                   rt.ENDPOINT, "1")
+
+    def leds_push() -> int:
+        """What a LEDS stream does per change: the reply, framed, and recording what
+        the client then holds."""
+        reply = cache.delta_reply(ledsub)
+        ledsub.dirty.clear()
+        ledsub.must_reply = False
+        if reply is None:
+            return 0
+        delta_stream._encode(reply, rt.LB_ENDPOINT, "1")
+        for r in reply.resources:
+            ledsub.sent[r.name] = r.version
+        for gone in reply.removed:
+            if gone in ledsub.names:
+                ledsub.sent[gone] = ABSENT
+            else:
+                ledsub.sent.pop(gone, None)
+        return len(reply.resources) + len(reply.removed)
+
     # The first version, as a subscriber would have it. The bench holds each CLA until
     # the next is encoded, so freeing the old one (pages of bytes) is timed as the
     # xDS cost it is, not where the View drops its per-version cache.
-    held = [cache.cla_of(view, name)]
+    held = [eds_push()]
+    leds_push()
     svc = sim.services[0]
-    core_linkerd, cla = [], []
+    core_linkerd, cla, leds_cost = [], [], []
     gc.collect()
     for i in range(changes):
         events = sim._step_scale(svc, up=i % 2 == 0)
         version = view.version
+        watch.reset()
         t0 = time.process_time()
         cluster.apply(events)
         t1 = time.process_time()
-        held[0] = cache.cla_of(view, name)
+        held[0] = eds_push()
         t2 = time.process_time()
-        assert view.version == version + 1 and linkerd.messages
-        core_linkerd.append((t1 - t0) * 1e6)
-        cla.append((t2 - t1) * 1e6)
+        sent = leds_push()
+        t3 = time.process_time()
+        assert view.version == version + 1 and linkerd.messages and held[0]
+        assert 0 < sent <= 4, sent
+        in_eds, in_leds = watch.totals["eds"], watch.totals["leds"]
+        core_linkerd.append((t1 - t0 - in_eds - in_leds) * 1e6)
+        cla.append((t2 - t1 + in_eds) * 1e6)
+        leds_cost.append((t3 - t2 + in_leds) * 1e6)
     cache.close()
-    return {"core_linkerd": statistics.median(core_linkerd), "cla": statistics.median(cla)}
+    return {"core_linkerd": statistics.median(core_linkerd), "cla": statistics.median(cla),
+            "leds": statistics.median(leds_cost)}
 
 
 async def measure_latency(endpoints: int, streams: int, rate: float,
@@ -175,14 +290,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(x) for x in args.endpoints.split(",") if x.strip()]
     cpu: dict[str, dict[str, list[float]]] = {}
     for n in sizes:
-        per_run = [measure_cpu(n, args.changes) for _ in range(args.runs)]
-        cpu[str(n)] = {k: [r[k] for r in per_run] for k in ("core_linkerd", "cla")}
+        per_run = [measure_cpu(n, args.changes, args.metadata) for _ in range(args.runs)]
+        cpu[str(n)] = {k: [r[k] for r in per_run] for k in ("core_linkerd", "cla", "leds")}
     latency = []
     if args.latency_endpoints:
         latency = [asyncio.run(measure_latency(args.latency_endpoints, args.streams,
                                                args.rate, args.latency_changes))
                    for _ in range(args.latency_runs)]
-    return {"changes_per_run": args.changes, "runs": args.runs, "cpu_us_per_change": cpu,
+    return {"changes_per_run": args.changes, "runs": args.runs, "metadata": args.metadata,
+            "cpu_us_per_change": cpu,
             "latency": {"endpoints": args.latency_endpoints, "streams": args.streams,
                         "rate": args.rate, "changes": args.latency_changes,
                         "runs": latency}}
@@ -196,8 +312,16 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                        "server CPU: core + Linkerd encoder",
                        [v / 1000 for v in figs["core_linkerd"]], "ms", TARGET_CPU_MS))
         out.append(row(f"one endpoint change, {int(n):,}-endpoint service",
-                       "server CPU: xDS CLA encode (whole set, by protocol)",
+                       "server CPU: xDS CLA bytes (SotW and delta EDS, whole set)",
                        [v / 1000 for v in figs["cla"]], "ms"))
+        out.append(row(f"one endpoint change, {int(n):,}-endpoint service",
+                       "server CPU: LEDS resources for one LEDS stream",
+                       [v / 1000 for v in figs["leds"]], "ms"))
+        totals = [(a + b + c) / 1000 for a, b, c in
+                  zip(figs["core_linkerd"], figs["cla"], figs["leds"], strict=True)]
+        out.append(row(f"one endpoint change, {int(n):,}-endpoint service",
+                       "server CPU: core + Linkerd + xDS (CLA and LEDS)", totals, "ms",
+                       TARGET_CPU_MS))
     lat = result["latency"]
     if lat["runs"]:
         out.append(row(f"Linkerd Get change-to-client, {lat['endpoints']:,} endpoints",
@@ -208,11 +332,17 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def report(result: dict[str, Any]) -> str:
     lines = [f"one endpoint change: server CPU ms per change (median of {result['runs']} "
-             f"runs, each the median of {result['changes_per_run']} changes)",
-             f"  {'endpoints':>9}  {'core+Linkerd':>12}  {'xDS CLA':>9}"]
+             f"runs, each the median of {result['changes_per_run']} changes; xDS "
+             f"endpoint metadata {result['metadata']})",
+             f"  {'endpoints':>9}  {'core+Linkerd':>12}  {'xDS CLA':>9}  {'LEDS':>7}"
+             f"  {'total':>7}"]
     for n, figs in result["cpu_us_per_change"].items():
-        lines.append(f"  {int(n):>9,}  {statistics.median(figs['core_linkerd']) / 1000:>12.3f}"
-                     f"  {statistics.median(figs['cla']) / 1000:>9.3f}")
+        med = {k: statistics.median(v) / 1000 for k, v in figs.items()}
+        total = statistics.median(
+            [(a + b + c) / 1000 for a, b, c in
+             zip(figs["core_linkerd"], figs["cla"], figs["leds"], strict=True)])
+        lines.append(f"  {int(n):>9,}  {med['core_linkerd']:>12.3f}  {med['cla']:>9.3f}"
+                     f"  {med['leds']:>7.3f}  {total:>7.3f}")
     lat = result["latency"]
     for i, r in enumerate(lat["runs"], 1):
         lines.append(f"Get change-to-client at {lat['endpoints']:,} endpoints, "
@@ -228,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="service sizes for the CPU figures, comma-separated")
     p.add_argument("--changes", type=int, default=300, help="changes per CPU run")
     p.add_argument("--runs", type=int, default=5, help="CPU runs per size")
+    p.add_argument("--metadata", default="istio", choices=("none", "istio", "linkerd"),
+                   help="xDS endpoint metadata profile (the server's default: istio)")
     p.add_argument("--latency-endpoints", type=int, default=10000,
                    help="service size for the latency figure (0: skip it)")
     p.add_argument("--rate", type=float, default=3.0, help="changes a second")

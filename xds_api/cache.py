@@ -12,8 +12,8 @@ type's rules live in its own module under `xds_api/caches/`:
   excepted), rebuilt only for the services a cluster change touches; the CDS version
   moves only on real change.
 * LEDS (`caches/leds.py`): each endpoint its own LbEndpoint resource, in one glob
-  collection per locality of a delta client's CLA, from the same per-version
-  grouping as EDS.
+  collection per locality of a delta client's CLA, from the same CLA assembly as
+  EDS (`xds_api/assembly.py`), followed change by change.
 * LDS and RDS (`caches/listeners.py`, `caches/routes.py`): the proxyless Listener
   and RouteConfiguration of every such service port, built on first request (their
   content is a function of the name).
@@ -175,6 +175,8 @@ class ResourceCache:
         else:
             touched = list(change.services)
         self._refresh(touched)
+        if change.pods:
+            self.endpoints.pods_changed(change.pods)
         self.endpoints.services_changed(touched)
         self.leds.services_changed(touched)
 

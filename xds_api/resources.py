@@ -64,14 +64,24 @@ class EncodedResource:
     The few bytes that frame it in a response are computed here too, so that a push
     to thousands of streams only joins bytes: a SotW response carries
     `sotw_prefix + any_bytes`, a delta one `delta_head + any_bytes + delta_tail`.
+    The Any comes in pieces (`any_parts`) that each stream's response joins: a large
+    CLA is its assembly's blocks (`xds_api.assembly`), never copied whole but into
+    the responses themselves.
     """
 
     name: str
     version: str  # content hash: the delta per-resource version (xDS §2)
-    any_bytes: bytes  # the resource wrapped in google.protobuf.Any, serialized
+    # The resource wrapped in google.protobuf.Any, serialized: these concatenated.
+    any_parts: tuple[bytes, ...]
     sotw_prefix: bytes  # DiscoveryResponse.resources: tag and length
     delta_head: bytes  # DeltaDiscoveryResponse.resources: tag, length, Resource.version..
     delta_tail: bytes  # ..and Resource.name after the Any
+
+    @property
+    def any_bytes(self) -> bytes:
+        """The Any in one piece (joined on each call for a resource in many)."""
+        parts = self.any_parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 _SOTW_RESOURCES = wire.field_number(discovery_pb2.DiscoveryResponse.DESCRIPTOR, "resources")
@@ -85,15 +95,22 @@ _RES_NAME = wire.field_number(discovery_pb2.Resource.DESCRIPTOR, "name")
 def encode_resource(type_url: str, name: str, body: bytes) -> EncodedResource:
     any_bytes = (wire.string_field(_ANY_TYPE_URL, type_url)
                  + wire.length_delimited(_ANY_VALUE, body))
-    version = hashlib.sha256(body).hexdigest()[:24]
+    return wrap_resource(name, hashlib.sha256(body).hexdigest()[:24], (any_bytes,),
+                         len(any_bytes))
+
+
+def wrap_resource(name: str, version: str, any_parts: tuple[bytes, ...],
+                  any_size: int) -> EncodedResource:
+    """A resource already wrapped in Any (`any_parts`, `any_size` bytes in all), at
+    `version`, framed."""
     # A discovery.v3.Resource: version (1), resource (2), name (3), in field order.
     head = (wire.string_field(_RES_VERSION, version)
-            + wire.length_delimited_prefix(_RES_RESOURCE, len(any_bytes)))
+            + wire.length_delimited_prefix(_RES_RESOURCE, any_size))
     tail = wire.string_field(_RES_NAME, name)
-    size = len(head) + len(any_bytes) + len(tail)
+    size = len(head) + any_size + len(tail)
     return EncodedResource(
-        name, version, any_bytes,
-        sotw_prefix=wire.length_delimited_prefix(_SOTW_RESOURCES, len(any_bytes)),
+        name, version, any_parts,
+        sotw_prefix=wire.length_delimited_prefix(_SOTW_RESOURCES, any_size),
         delta_head=wire.length_delimited_prefix(_DELTA_RESOURCES, size) + head,
         delta_tail=tail)
 
@@ -263,8 +280,13 @@ class EncodedEndpoint:
     weight: int
     data: bytes
     metadata_key: Hashable = None  # what the metadata was built from, beyond `source`
+    # `data` as a LocalityLbEndpoints.lb_endpoints field, and a hash of that, which is
+    # what a CLA is assembled and versioned from (xds_api.assembly).
+    field: bytes = b""
+    digest: int = 0
 
 
+SortKey = tuple[int, int, int]
 EndpointMemo = Mapping[EndpointId, EncodedEndpoint]
 Locality = tuple[str, str]  # (region, zone)
 Localities = Mapping[Locality, Sequence[EncodedEndpoint]]
@@ -280,9 +302,12 @@ def encode_endpoint(resolved: ResolvedEndpoint, draining: bool,
     ip = ipaddress.ip_address(ep.ip)
     if key is None:
         key = metadata.key(resolved)
+    data = encode_lb_endpoint(resolved, health, metadata, key)
+    chunk = wire.length_delimited(_LOC_ENDPOINTS, data)
+    digest = int.from_bytes(hashlib.blake2b(chunk, digest_size=16).digest(), "little")
     return EncodedEndpoint(resolved, (ep.region, ep.zone or ""),
                            (ip.version, int(ip), ep.port), ep.ready, lb_weight(resolved),
-                           encode_lb_endpoint(resolved, health, metadata, key), key)
+                           data, key, chunk, digest)
 
 
 def group_endpoints(
@@ -322,7 +347,7 @@ def group_endpoints(
     return {loc: localities[loc] for loc in sorted(localities)}, memo
 
 
-def _locality_field(region: str, zone: str) -> bytes:
+def locality_field(region: str, zone: str) -> bytes:
     return wire.length_delimited(_LOC_LOCALITY,
                                  serialize(base_pb2.Locality(region=region, zone=zone)))
 
@@ -332,8 +357,8 @@ def encode_cla_body(name: str, localities: Localities) -> bytes:
     (gRPC skips a locality without one, xDS §3.4), priority 0."""
     parts = [wire.string_field(_CLA_NAME, name)]
     for (region, zone), members in localities.items():
-        body = [_locality_field(region, zone)]
-        body.extend(wire.length_delimited(_LOC_ENDPOINTS, m.data) for m in members)
+        body = [locality_field(region, zone)]
+        body.extend(m.field for m in members)
         weight = min(UINT32_MAX, sum(m.weight for m in members))
         body.append(wire.length_delimited(_LOC_WEIGHT, wire.uint_field(1, weight)))
         parts.append(wire.length_delimited(_CLA_ENDPOINTS, b"".join(body)))
@@ -350,7 +375,7 @@ def encode_leds_cla_body(name: str, localities: Iterable[Locality],
     for locality in localities:
         config = endpoint_components_pb2.LedsClusterLocalityConfig(
             leds_config=_ads(), leds_collection_name=collection(locality))
-        body = _locality_field(*locality) + wire.length_delimited(_LOC_LEDS, serialize(config))
+        body = locality_field(*locality) + wire.length_delimited(_LOC_LEDS, serialize(config))
         parts.append(wire.length_delimited(_CLA_ENDPOINTS, body))
     return b"".join(parts)
 
@@ -363,7 +388,9 @@ def encode_cla(
     metadata: MetadataEncoder = LINKERD_ENCODER,
 ) -> tuple[bytes, dict[EndpointId, EncodedEndpoint]]:
     """A ClusterLoadAssignment's bytes, plus the per-endpoint encodings to reuse next
-    time (see `group_endpoints` and `encode_cla_body`)."""
+    time (see `group_endpoints` and `encode_cla_body`). The server keeps each View's
+    CLA assembled instead (`xds_api.assembly`), to these very bytes; this is the
+    from-scratch reference its tests compare with."""
     localities, memo = group_endpoints(endpoints, draining, previous, metadata)
     return encode_cla_body(name, localities), memo
 

@@ -407,7 +407,7 @@ class SotwStream(XdsStream):
         parts = [wire.string_field(_SOTW_VERSION, version)]
         for r in resources:
             parts.append(r.sotw_prefix)
-            parts.append(r.any_bytes)
+            parts.extend(r.any_parts)
         parts.append(_type_field(_SOTW_TYPE, type_url))
         parts.append(wire.string_field(_SOTW_NONCE, nonce))
         parts.append(_SOTW_CONTROL)
@@ -484,7 +484,7 @@ class DeltaStream(XdsStream):
         parts = [wire.string_field(_DELTA_VERSION, version)]
         for r in resources:
             parts.append(r.delta_head)
-            parts.append(r.any_bytes)
+            parts.extend(r.any_parts)
             parts.append(r.delta_tail)
         parts.append(_type_field(_DELTA_TYPE, type_url))
         parts.append(wire.string_field(_DELTA_NONCE, nonce))

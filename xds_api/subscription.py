@@ -75,6 +75,10 @@ class Subscription:
     delta: bool = False
     # §7: the client's LEDS preference (LEDS_ALWAYS, LEDS_NEVER or "": the threshold).
     leds: str = ""
+    # LEDS: collection -> (the View's member state, its version) that what the client
+    # holds of the collection matches, so the next reply compares only what changed
+    # since (caches/leds.py); dropped whenever anything else touches those members.
+    leds_synced: dict[str, tuple[object, int]] = field(default_factory=dict)
 
     @property
     def wildcard_capable(self) -> bool:
@@ -131,6 +135,7 @@ class Subscription:
         """A request without a nonce starts the type over (§1.8(a)): the client holds
         nothing we know of, so everything subscribed is due again."""
         self.sent.clear()
+        self.leds_synced.clear()
         self.dirty |= self.names
         self.must_reply = True
 
@@ -154,6 +159,7 @@ class Subscription:
         if first:
             # §2 reconnect: send only what differs from what the client holds, and
             # tell it about what it holds that no longer exists.
+            self.leds_synced.clear()
             self.sent.update(initial_versions or {})
             self.dirty.update(initial_versions or {})
             if self.wildcard_capable and not subscribe and not unsubscribe:

@@ -16,7 +16,7 @@
 * LEDS (§7): a delta client that asks for it (node metadata `meshbridge.io/leds:
   "always"`), or whose View has at least `leds_threshold` endpoints (unless it says
   `"never"`), gets the CLA whose localities name LEDS collections instead
-  (`caches/leds.py` serves their members, from the same per-version grouping).
+  (`caches/leds.py` serves their members, from the same CLA assembly).
 
 A watched name is an `EndpointWatch`: the View's subscriber on the stream's behalf,
 keeping the View it joined (and is handed on every change), so that what is due is
@@ -31,19 +31,17 @@ from collections.abc import Iterable
 from bridge.model import EndpointId, FilterKey, ServiceKey, ViewKey
 from bridge.views import InvalidService, View, ViewChange, ViewRegistry
 from xds_api import resource_types as rt
+from xds_api.assembly import ClaAssembly
 from xds_api.caches.type_cache import Version, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.names import leds_collection, parse_resource_name
 from xds_api.resources import (
+    ISTIO_METADATA,
     LINKERD_ENCODER,
-    EncodedEndpoint,
     EncodedResource,
-    Localities,
     MetadataEncoder,
-    encode_cla_body,
     encode_leds_cla_body,
     encode_resource,
-    group_endpoints,
 )
 from xds_api.subscription import LEDS_ALWAYS, LEDS_NEVER, Subscription
 
@@ -54,9 +52,11 @@ DEFAULT_LEDS_THRESHOLD = 1000
 class EndpointWatch:
     """One EDS name watched by one stream: the View's subscriber on its behalf."""
 
-    __slots__ = ("key", "name", "view", "watcher")
+    __slots__ = ("cache", "key", "name", "view", "watcher")
 
-    def __init__(self, name: str, key: ViewKey, watcher: Watcher) -> None:
+    def __init__(self, cache: EndpointCache, name: str, key: ViewKey,
+                 watcher: Watcher) -> None:
+        self.cache = cache
         self.name = name
         self.key = key
         self.watcher = watcher
@@ -66,6 +66,7 @@ class EndpointWatch:
 
     def on_view_change(self, view: View, change: ViewChange) -> None:
         self.view = view
+        self.cache.view_changed(view, change)
         self.watcher.endpoints_changed(self.name, view)
 
 
@@ -88,9 +89,9 @@ class EndpointCache:
         self._watches: dict[Subscription, dict[str, EndpointWatch]] = {}
         # Watches whose service cannot be subscribed to now (ExternalName).
         self._blocked: dict[ServiceKey, set[EndpointWatch]] = {}
-        self._endpoint_memos: weakref.WeakKeyDictionary[
-            View, dict[EndpointId, EncodedEndpoint]] = weakref.WeakKeyDictionary()
-        self._groups_key = ("xds_api.groups", draining)
+        # Per View: its CLA kept assembled across versions (xds_api.assembly).
+        self._assemblies: weakref.WeakKeyDictionary[View, ClaAssembly] = (
+            weakref.WeakKeyDictionary())
         self._cla_key = ("xds_api.cla", draining)
         self._leds_cla_key = ("xds_api.cla.leds", draining)
 
@@ -148,30 +149,48 @@ class EndpointCache:
             self._leds_cla_key, lambda: self._encode_leds_cla(name, view))
         return res
 
-    def groups_of(self, view: View) -> Localities:
-        """The View's endpoints, encoded and grouped by locality, once per version:
-        what the CLA, its LEDS form and the LEDS collections are all built from."""
-        groups: Localities = view.cached(self._groups_key, lambda: self._group(view))
-        return groups
-
     def wildcard_names(self) -> Iterable[str]:
         return ()
 
     def covers(self, name: str) -> bool:
         return False
 
-    def _group(self, view: View) -> Localities:
-        groups, memo = group_endpoints(view.snapshot.values(), self.draining,
-                                       self._endpoint_memos.get(view), self.metadata)
-        self._endpoint_memos[view] = memo
-        return groups
+    def assembly_of(self, view: View) -> ClaAssembly:
+        """The View's CLA assembly at its current version: followed change by change
+        (`view_changed`), rebuilt from the snapshot only when it missed one."""
+        asm = self._assemblies.get(view)
+        if asm is None:
+            asm = self._assemblies[view] = ClaAssembly(self.draining, self.metadata)
+        if asm.version != view.version:
+            asm.rebuild(view.snapshot.values(), view.version)
+        return asm
+
+    def view_changed(self, view: View, change: ViewChange) -> None:
+        """A watched View published `change`: move its assembly by the delta alone
+        (once, however many watches share the View)."""
+        asm = self._assemblies.get(view)
+        if asm is not None and asm.version == change.version - 1:
+            asm.apply(change.added, change.removed, change.current, change.version)
+
+    def pods_changed(self, pods: Iterable[tuple[str, str]]) -> None:
+        """Pods whose labels may have changed: the istio profile's metadata reads them
+        even when the endpoint itself is unchanged, so look again at the next change."""
+        if self.metadata.profile != ISTIO_METADATA:
+            return
+        for asm in list(self._assemblies.values()):
+            for ns, pod in pods:
+                for family in ("IPv4", "IPv6", ""):
+                    eid = EndpointId("pod", ns, pod, family)
+                    if eid in asm.entries:
+                        asm.rekey.add(eid)
 
     def _encode_cla(self, name: str, view: View | None) -> EncodedResource:
-        body = encode_cla_body(name, self.groups_of(view) if view is not None else {})
-        return self._counted(encode_resource(rt.ENDPOINT, name, body))
+        if view is None:
+            return self._counted(ClaAssembly(self.draining, self.metadata).resource(name))
+        return self._counted(self.assembly_of(view).resource(name))
 
     def _encode_leds_cla(self, name: str, view: View) -> EncodedResource:
-        body = encode_leds_cla_body(name, self.groups_of(view),
+        body = encode_leds_cla_body(name, sorted(self.assembly_of(view).runs),
                                     lambda locality: leds_collection(name, locality))
         return self._counted(encode_resource(rt.ENDPOINT, name, body))
 
@@ -200,7 +219,7 @@ class EndpointCache:
             key = self._view_key(name, watcher.node_name)
             if key is None or name in watches:
                 continue  # names no service port: never exists, nothing to watch
-            watch = watches[name] = EndpointWatch(name, key, watcher)
+            watch = watches[name] = EndpointWatch(self, name, key, watcher)
             try:
                 watch.view = self.views.subscribe(key, watch, watcher.protocol)
             except InvalidService:

@@ -7,9 +7,11 @@ locality of a CLA (§7), so that a one-endpoint change is one small delta respon
 * Subscription: by collection, over delta ADS only (§7.1). A collection's members
   are what the client holds; `removed_resources` carries members that left and, once,
   a collection that does not exist (not ours, or its service port does not).
-* Content: the very LbEndpoint bytes the CLA would carry, from the per-version
-  grouping `EndpointCache.groups_of` shares with EDS; wrapped as resources once per
-  endpoint change for every stream (`_members_of`).
+* Content: the very LbEndpoint bytes the CLA would carry, from the View's CLA
+  assembly (`EndpointCache.assembly_of`, `xds_api/assembly.py`); each View's members
+  move with its changes (`view_changed`), wrapped as resources once per endpoint
+  change for every stream, and a stream in step compares only the members changed
+  since its last reply (`delta_reply`).
 * Wildcard: none.
 
 A watched collection is a `CollectionWatch`: the View's subscriber on the stream's
@@ -33,19 +35,55 @@ from xds_api.names import (
     leds_member,
     parse_leds_collection,
 )
-from xds_api.resources import EncodedResource, encode_resource
+from xds_api.resources import EncodedEndpoint, EncodedResource, encode_resource
 from xds_api.subscription import ABSENT, Subscription
 
 # collection -> member name -> resource, for one View version.
 Members = dict[str, dict[str, EncodedResource]]
+# How many View versions of changed member names a View keeps, for the streams that
+# are behind: one further behind compares its whole collection once.
+LOG_VERSIONS = 64
+
+
+class MemberState:
+    """One View's LEDS members at one of its versions, and which members each recent
+    version changed, so that a stream in step compares only those (`delta_reply`)."""
+
+    __slots__ = ("__weakref__", "log", "members", "sources", "version")
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.members: Members = {}
+        self.sources: dict[str, bytes] = {}  # member -> the LbEndpoint bytes wrapped
+        # View version -> collection -> member names that version added, changed or
+        # removed; only versions followed change by change since the last build.
+        self.log: dict[int, dict[str, set[str]]] = {}
+
+    def record(self, version: int, changed: dict[str, set[str]]) -> None:
+        self.log[version] = changed
+        self.version = version
+        while len(self.log) > LOG_VERSIONS:
+            del self.log[next(iter(self.log))]
+
+    def changed_since(self, version: int, collection: str) -> set[str] | None:
+        """Members of `collection` changed after `version`; None if not all known."""
+        out: set[str] = set()
+        for v in range(version + 1, self.version + 1):
+            changed = self.log.get(v)
+            if changed is None:
+                return None
+            out |= changed.get(collection, set())
+        return out
 
 
 class CollectionWatch:
     """One collection watched by one stream: the View's subscriber on its behalf."""
 
-    __slots__ = ("collection", "key", "view", "watcher")
+    __slots__ = ("cache", "collection", "key", "view", "watcher")
 
-    def __init__(self, collection: str, key: ViewKey, watcher: Watcher) -> None:
+    def __init__(self, cache: LedsCache, collection: str, key: ViewKey,
+                 watcher: Watcher) -> None:
+        self.cache = cache
         self.collection = collection
         self.key = key
         self.watcher = watcher
@@ -53,6 +91,7 @@ class CollectionWatch:
 
     def on_view_change(self, view: View, change: ViewChange) -> None:
         self.view = view
+        self.cache.view_changed(view, change)
         self.watcher.resource_changed(rt.LB_ENDPOINT, self.collection)
 
 
@@ -69,11 +108,9 @@ class LedsCache:
         self._version = Version(prefix)
         self._watches: dict[Subscription, dict[str, CollectionWatch]] = {}
         self._blocked: dict[ServiceKey, set[CollectionWatch]] = {}
-        # Per View: member name -> (LbEndpoint bytes, resource), so that an unchanged
-        # endpoint is not wrapped and hashed again for the next version.
-        self._memos: weakref.WeakKeyDictionary[
-            View, dict[str, tuple[bytes, EncodedResource]]] = weakref.WeakKeyDictionary()
-        self._key = ("xds_api.leds", endpoints.draining)
+        # Per View: its members, kept across versions (`view_changed`).
+        self._states: weakref.WeakKeyDictionary[View, MemberState] = (
+            weakref.WeakKeyDictionary())
 
     def version(self) -> str:
         return str(self._version)
@@ -109,34 +146,84 @@ class LedsCache:
         return False
 
     def _members_of(self, view: View) -> Members:
-        out: Members = view.cached(self._key, lambda: self._build(view))
-        return out
+        return self._state_of(view).members
 
-    def _build(self, view: View) -> Members:
+    def _state_of(self, view: View) -> MemberState:
+        """The View's members at its current version: moved by each change alone
+        (`view_changed`), built from the whole assembly only when it missed one."""
+        state = self._states.get(view)
+        if state is None:
+            state = self._states[view] = MemberState()
+        if state.version != view.version:
+            self._build(view, state)
+        return state
+
+    def view_changed(self, view: View, change: ViewChange) -> None:
+        """A watched View published `change`: move its members by what the CLA's
+        assembly says changed, O(change), once for every stream."""
+        self.endpoints.view_changed(view, change)
+        state = self._states.get(view)
+        if state is None or state.version != change.version - 1:
+            return
+        asm = self.endpoints.assembly_of(view)
+        if asm.moves is None:
+            return  # rebuilt: `_state_of` builds the members again
         name = view.key.authority(self.cluster_domain)
-        old = self._memos.get(view, {})
-        memo: dict[str, tuple[bytes, EncodedResource]] = {}
-        out: Members = {}
+        changed: dict[str, set[str]] = {}
         encoded = 0
-        for locality, group in self.endpoints.groups_of(view).items():
-            collection = leds_collection(name, locality)
-            members = out[collection] = {}
-            for enc in group:
-                ep = enc.source.endpoint
-                member = leds_member(collection, ep.ip, ep.port)
-                prev = old.get(member)
-                if prev is not None and prev[0] is enc.data:
-                    res = prev[1]
-                else:
-                    res = encode_resource(rt.LB_ENDPOINT, member, enc.data)
-                    encoded += 1
-                memo[member] = (enc.data, res)
-                members[member] = res
-        self._memos[view] = memo
+        for before, after in asm.moves:
+            if before is not None:
+                collection, member = self._member_name(name, before)
+                members = state.members.get(collection)
+                if members is not None and members.pop(member, None) is not None:
+                    state.sources.pop(member, None)
+                    changed.setdefault(collection, set()).add(member)
+            if after is not None:
+                collection, member = self._member_name(name, after)
+                state.members.setdefault(collection, {})[member] = encode_resource(
+                    rt.LB_ENDPOINT, member, after.data)
+                state.sources[member] = after.data
+                changed.setdefault(collection, set()).add(member)
+                encoded += 1
+        state.record(change.version, changed)
         if encoded:
             self._version.bump()
             self.metrics.serializations[rt.LB_ENDPOINT].inc(encoded)
-        return out
+
+    @staticmethod
+    def _member_name(name: str, enc: EncodedEndpoint) -> tuple[str, str]:
+        collection = leds_collection(name, enc.locality)
+        ep = enc.source.endpoint
+        return collection, leds_member(collection, ep.ip, ep.port)
+
+    def _build(self, view: View, state: MemberState) -> None:
+        name = view.key.authority(self.cluster_domain)
+        old = state.members
+        out: Members = {}
+        sources: dict[str, bytes] = {}
+        encoded = 0
+        for locality, run in sorted(self.endpoints.assembly_of(view).runs.items()):
+            collection = leds_collection(name, locality)
+            members = out[collection] = {}
+            previous = old.get(collection, {})
+            for enc in run.members():
+                ep = enc.source.endpoint
+                member = leds_member(collection, ep.ip, ep.port)
+                prev = previous.get(member)
+                if prev is not None and state.sources.get(member) is enc.data:
+                    res = prev
+                else:
+                    res = encode_resource(rt.LB_ENDPOINT, member, enc.data)
+                    encoded += 1
+                members[member] = res
+                sources[member] = enc.data
+        state.members = out
+        state.sources = sources
+        state.version = view.version
+        state.log.clear()  # streams synced to an older version start over
+        if encoded:
+            self._version.bump()
+            self.metrics.serializations[rt.LB_ENDPOINT].inc(encoded)
 
     def _parse(self, collection: str, node_name: str) -> ViewKey | None:
         parsed = parse_leds_collection(collection, self.cluster_domain)
@@ -153,33 +240,67 @@ class LedsCache:
     def delta_reply(self, sub: Subscription) -> Reply | None:
         """What a delta LEDS subscription is due (§7.3): per dirty collection, the
         members whose version the client does not hold and the members it holds that
-        left; a subscribed collection that does not exist is reported removed, once."""
-        collections = sorted({collection_of(n) for n in sub.dirty})
-        held: dict[str, list[str]] = {c: [] for c in collections}
-        if collections:
-            for name in sub.sent:
-                bucket = held.get(collection_of(name))
-                if bucket is not None and name != collection_of(name):
-                    bucket.append(name)
+        left; a subscribed collection that does not exist is reported removed, once.
+
+        A stream whose collection was last answered at a version the View's log still
+        covers compares only the members changed since (O(change)); otherwise, or
+        after anything else touched what it holds, the whole collection, once."""
+        collections: set[str] = set()
+        for name in sub.dirty:
+            collection = collection_of(name)
+            collections.add(collection)
+            if name != collection:
+                sub.leds_synced.pop(collection, None)  # a member named on its own
+        held: dict[str, list[str]] | None = None
         send: list[EncodedResource] = []
         removed: list[str] = []
-        for collection in collections:
-            members = self.members(sub, collection) if collection in sub.names else None
-            if members is None:
+        watches = self._watches.get(sub, {})
+        for collection in sorted(collections):
+            watch = watches.get(collection) if collection in sub.names else None
+            view = watch.view if watch is not None else None
+            if view is None or not view.exists:
+                sub.leds_synced.pop(collection, None)
+                held = held if held is not None else self._held(sub, collections)
                 removed.extend(sorted(n for n in held[collection] if sub.sent[n] != ABSENT))
                 if collection in sub.names and sub.sent.get(collection) != ABSENT:
                     removed.append(collection)
                 continue
             if sub.sent.get(collection) == ABSENT:
                 del sub.sent[collection]  # it exists again: members are what it holds
-            for name in sorted(members):
-                res = members[name]
-                if sub.sent.get(name) != res.version:
-                    send.append(res)
-            removed.extend(sorted(n for n in held[collection] if n not in members))
+            state = self._state_of(view)
+            members = state.members.get(collection, {})
+            synced = sub.leds_synced.get(collection)
+            changed = (state.changed_since(synced[1], collection)
+                       if synced is not None and synced[0] is state else None)
+            if changed is None:
+                held = held if held is not None else self._held(sub, collections)
+                for name in sorted(members):
+                    res = members[name]
+                    if sub.sent.get(name) != res.version:
+                        send.append(res)
+                removed.extend(sorted(n for n in held[collection] if n not in members))
+            else:
+                for name in sorted(changed):
+                    member = members.get(name)
+                    if member is not None:
+                        if sub.sent.get(name) != member.version:
+                            send.append(member)
+                    elif name in sub.sent:
+                        removed.append(name)
+            sub.leds_synced[collection] = (state, state.version)
         if not send and not removed and not sub.must_reply:
             return None
         return Reply(rt.LB_ENDPOINT, self.version(), tuple(send), tuple(removed))
+
+    @staticmethod
+    def _held(sub: Subscription, collections: set[str]) -> dict[str, list[str]]:
+        """The members `sub` holds of each of `collections` (a pass over all it holds)."""
+        held: dict[str, list[str]] = {c: [] for c in collections}
+        for name in sub.sent:
+            bucket = held.get(collection_of(name))
+            if bucket is not None and name != collection_of(name):
+                bucket.append(name)
+        return held
 
     # ------------------------------------------------------------------ watching
 
@@ -192,9 +313,10 @@ class LedsCache:
             # §7.3: a new collection is answered even while empty, which is what
             # concludes the client's wait for it; one not ours is reported removed.
             sub.must_reply = True
+            sub.leds_synced.pop(collection, None)
             if key is None:
                 continue
-            watch = watches[collection] = CollectionWatch(collection, key, watcher)
+            watch = watches[collection] = CollectionWatch(self, collection, key, watcher)
             try:
                 watch.view = self.views.subscribe(key, watch, watcher.protocol)
             except InvalidService:
@@ -208,6 +330,8 @@ class LedsCache:
         # that subscribing again sends them all.
         for name in [n for n in sub.sent if collection_of(n) in names]:
             del sub.sent[name]
+        for collection in names:
+            sub.leds_synced.pop(collection, None)
         watches = self._watches.get(sub)
         if watches is None:
             return
