@@ -14,8 +14,10 @@ STAMP = $(VENV)/.installed-$(1)-$(HASH)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# --no-compile: byte-compiling every installed file (xds-protos alone is thousands)
+# took over half of the install; Python compiles what it imports, when it imports it.
 $(VENV)/.installed-%-$(HASH): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --disable-pip-version-check -e '.$(if $(filter-out runtime,$*),[$*])'
+	$(BIN)/pip install -q --no-compile --disable-pip-version-check -e '.$(if $(filter-out runtime,$*),[$*])'
 	touch $@
 
 install: $(call STAMP,runtime)
