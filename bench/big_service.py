@@ -9,9 +9,13 @@ protocol layers' caches on one meshed service of N endpoints in slices of 100, w
 one Linkerd subscriber, one SotW EDS subscriber and one LEDS subscriber of every
 collection of the service (the cache's own watches, as a stream has them). Each
 change scales the service up or down by one pod (a pod event plus the one
-EndpointSlice it lands in, as the slice controller writes them; the events are
-built before the clock starts, since the simulator that writes them is no part of
-the server). Per change, process CPU time (time.process_time) around:
+EndpointSlice it lands in, as the slice controller writes them). Every change's
+events are built before the first is applied: the simulator rebuilds and compares
+every slice of the service per change (N entries, then freed), which is no part of
+the server, and done just before each timed change it evicted the server's working
+set from the CPU caches by an amount that grows with N (at 1,000 endpoints it
+doubled the core's figure without one more call). Per change, process CPU time
+(time.process_time) around:
 
     core + Linkerd  Cluster.apply (merge, enrich, filter, diff, publish) and the
                     Linkerd `Update` bytes of the change (linkerd_api's encoder)
@@ -198,10 +202,12 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     held = [eds_push()]
     leds_push()
     svc = sim.services[0]
+    batches = [sim._step_scale(svc, up=i % 2 == 0) for i in range(changes)]
+    batches.reverse()  # popped in order, so each batch is freed once applied
     core_linkerd, cla, leds_cost = [], [], []
     gc.collect()
-    for i in range(changes):
-        events = sim._step_scale(svc, up=i % 2 == 0)
+    for _ in range(changes):
+        events = batches.pop()
         version = view.version
         watch.reset()
         t0 = time.process_time()
