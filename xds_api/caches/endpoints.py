@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
+from typing import Protocol, TypeVar
 
 from bridge.model import EndpointId, FilterKey, ServiceKey, ViewKey
-from bridge.views import InvalidService, View, ViewChange, ViewRegistry
+from bridge.views import InvalidService, View, ViewChange, ViewRegistry, ViewSubscriber
 from xds_api import resource_types as rt
 from xds_api.assembly import ClaAssembly
 from xds_api.caches.type_cache import Version, Watcher
@@ -47,6 +48,40 @@ from xds_api.subscription import LEDS_ALWAYS, LEDS_NEVER, Subscription
 
 # Endpoints in a View from which a delta client gets LEDS without asking (0: never).
 DEFAULT_LEDS_THRESHOLD = 1000
+
+
+class ViewWatch(ViewSubscriber, Protocol):
+    """A stream's watch of one name through a View (EDS names, LEDS collections)."""
+
+    key: ViewKey
+    view: View | None
+
+
+W = TypeVar("W", bound=ViewWatch)
+
+
+def drop_watches(views: ViewRegistry, watches: dict[Subscription, dict[str, W]],
+                 blocked: dict[ServiceKey, set[W]], sub: Subscription,
+                 names: Iterable[str]) -> None:
+    """End `sub`'s watches of `names`: leave the View each joined, or the set of
+    watches waiting for their service to become watchable."""
+    mine = watches.get(sub)
+    if mine is None:
+        return
+    for name in names:
+        watch = mine.pop(name, None)
+        if watch is None:
+            continue
+        if watch.view is not None:
+            views.unsubscribe(watch.key, watch)
+            continue
+        waiting = blocked.get(watch.key.service)
+        if waiting is not None:
+            waiting.discard(watch)
+            if not waiting:
+                del blocked[watch.key.service]
+    if not mine:
+        del watches[sub]
 
 
 class EndpointWatch:
@@ -228,23 +263,7 @@ class EndpointCache:
             del self._watches[sub]
 
     def unwatch(self, sub: Subscription, names: Iterable[str], watcher: Watcher) -> None:
-        watches = self._watches.get(sub)
-        if watches is None:
-            return
-        for name in names:
-            watch = watches.pop(name, None)
-            if watch is None:
-                continue
-            if watch.view is not None:
-                self.views.unsubscribe(watch.key, watch)
-                continue
-            blocked = self._blocked.get(watch.key.service)
-            if blocked is not None:
-                blocked.discard(watch)
-                if not blocked:
-                    del self._blocked[watch.key.service]
-        if not watches:
-            del self._watches[sub]
+        drop_watches(self.views, self._watches, self._blocked, sub, names)
 
     def watch_wildcard(self, watcher: Watcher) -> None:
         pass  # no wildcard for EDS: a subscription never asks for one

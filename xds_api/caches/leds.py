@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import InvalidService, View, ViewChange, ViewRegistry
 from xds_api import resource_types as rt
-from xds_api.caches.endpoints import EndpointCache
+from xds_api.caches.endpoints import EndpointCache, drop_watches
 from xds_api.caches.type_cache import Reply, Version, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.names import (
@@ -332,23 +332,7 @@ class LedsCache:
             del sub.sent[name]
         for collection in names:
             sub.leds_synced.pop(collection, None)
-        watches = self._watches.get(sub)
-        if watches is None:
-            return
-        for collection in names:
-            watch = watches.pop(collection, None)
-            if watch is None:
-                continue
-            if watch.view is not None:
-                self.views.unsubscribe(watch.key, watch)
-                continue
-            blocked = self._blocked.get(watch.key.service)
-            if blocked is not None:
-                blocked.discard(watch)
-                if not blocked:
-                    del self._blocked[watch.key.service]
-        if not watches:
-            del self._watches[sub]
+        drop_watches(self.views, self._watches, self._blocked, sub, names)
 
     def watch_wildcard(self, watcher: Watcher) -> None:
         pass  # no wildcard for LEDS
