@@ -401,6 +401,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`meshbridge get ... | head`): stop as Unix tools do on
+        # SIGPIPE, silently and with 128 + 13; stdout goes to /dev/null first so the
+        # interpreter's own flush at exit finds nothing left to fail on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except StartupError as e:
         if args.debug:
             raise

@@ -43,6 +43,14 @@ class Cli:
         return self.proc.returncode, out.decode(), err.decode()
 
 
+def not_ready(doc: dict[str, Any]) -> dict[str, Any]:
+    """One web endpoint (10.244.1.10) turns not ready."""
+    for ep in doc.get("endpoints") or [] if doc.get("kind") == "EndpointSlice" else []:
+        if "10.244.1.10" in ep.get("addresses", []):
+            ep["conditions"] = {"ready": False}
+    return doc
+
+
 async def run(app: Any, *args: str) -> tuple[int, str, str]:
     return await (await Cli.start(app, *args)).finish()
 
@@ -67,12 +75,6 @@ async def test_get_follows_changes_until_its_count(make_app: AppFactory, demo_di
     cli = await Cli.start(app, "get", WEB, "--count", "2")
     assert (await cli.line()).startswith("add 2 endpoints")
 
-    def not_ready(doc: dict[str, Any]) -> dict[str, Any]:
-        for ep in doc.get("endpoints") or [] if doc.get("kind") == "EndpointSlice" else []:
-            if "10.244.1.10" in ep.get("addresses", []):
-                ep["conditions"] = {"ready": False}
-        return doc
-
     while True:  # skip the endpoint lines of the first message
         line = await cli.line()
         if not line.startswith("  "):
@@ -82,6 +84,26 @@ async def test_get_follows_changes_until_its_count(make_app: AppFactory, demo_di
     rc, out, _ = await cli.finish()
     assert line == "remove 1 endpoint"
     assert out.splitlines() == ["  10.244.1.10:8080"] and rc == 0
+
+
+async def test_get_into_a_reader_that_went_away_ends_quietly_as_unix_tools_do(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    """`meshbridge get ... | head -1`: once head has gone, the next message ends the
+    client with SIGPIPE's status and nothing on stderr (it was a BrokenPipe traceback)."""
+    app = await make_app(demo_dir)
+    stderr = tmp_path / "stderr"
+    cmd = (f"{sys.executable} -m meshbridge.cli get {WEB} --server 127.0.0.1:{app.grpc_port}"
+           f" 2>{stderr} | head -1; echo status=${{PIPESTATUS[0]}}")
+    proc = await asyncio.create_subprocess_exec("bash", "-c", cmd,
+                                                stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    first = await asyncio.wait_for(proc.stdout.readline(), DEADLINE)
+    assert first.decode().startswith("add 2 endpoints")
+
+    edit(demo_dir, not_ready)  # head has gone: writing this change breaks the pipe
+    rest, _ = await asyncio.wait_for(proc.communicate(), DEADLINE)
+    assert rest.decode().splitlines() == ["status=141"]
+    assert stderr.read_text() == ""
 
 
 async def test_get_json_is_one_object_per_message_with_readable_addresses(
