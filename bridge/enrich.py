@@ -64,15 +64,8 @@ def pod_opaque_ports(pod: Pod, config: MeshConfig) -> frozenset[int]:
     if value is None:
         return config.default_opaque_ports
 
-    def by_name(name: str) -> int | None:
-        for c in pod.all_containers():
-            for p in c.ports:
-                if p.name == name:
-                    return p.container_port
-        return None
-
     try:
-        return parse_port_set(value, by_name)
+        return parse_port_set(value, pod.container_port)
     except PortSpecError as e:
         raise EnrichError(f"pod {pod.meta.namespace}/{pod.meta.name}: {e}") from None
 

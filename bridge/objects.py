@@ -141,6 +141,15 @@ class Pod:
     def all_containers(self) -> tuple[Container, ...]:
         return self.init_containers + self.containers
 
+    def container_port(self, name: str) -> int | None:
+        """The number of the container port called `name` (port-list names resolve
+        through it), if any container declares one."""
+        for c in self.all_containers():
+            for p in c.ports:
+                if p.name == name:
+                    return p.container_port
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Node:

@@ -31,6 +31,7 @@ import structlog
 from cryptography import x509
 
 from bridge.model import MeshConfig
+from h2grpc.server import tls_context
 from linkerd_api.ca import CertificateAuthority
 
 log = structlog.get_logger("meshbridge.identity")
@@ -134,12 +135,6 @@ class ControlPlaneTls:
 
     def _context(self, name: str, client_ca: str | None) -> ssl.SSLContext:
         cert, key = self.files(name)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(cert, key)
-        context.set_alpn_protocols(["h2"])
-        if client_ca:
-            context.load_verify_locations(client_ca)
-            context.verify_mode = ssl.CERT_REQUIRED
+        context = tls_context(str(cert), str(key), client_ca)
         self._contexts.setdefault(name, []).append(context)
         return context

@@ -182,15 +182,8 @@ def _ports(pod: Pod, annotation: str, default: frozenset[int]) -> frozenset[int]
     if text is None:
         return default
 
-    def by_name(name: str) -> int | None:
-        for c in pod.all_containers():
-            for p in c.ports:
-                if p.name == name:
-                    return p.container_port
-        return None
-
     try:
-        return parse_port_set(text, by_name)
+        return parse_port_set(text, pod.container_port)
     except PortSpecError:
         return frozenset()
 
