@@ -379,18 +379,7 @@ class Cluster:
                 del self.slices_by_service[svc]
         for ep in old.endpoints:
             if ep.target is not None and ep.target.kind == "Pod":
-                pkey = (ep.target.namespace, ep.target.name)
-                ref = (svc, pkey)
-                left = self._pod_refs.get(ref, 0) - 1
-                if left > 0:
-                    self._pod_refs[ref] = left
-                    continue
-                self._pod_refs.pop(ref, None)
-                owners = self.services_by_pod.get(pkey)
-                if owners is not None:
-                    owners.discard(svc)
-                    if not owners:
-                        del self.services_by_pod[pkey]
+                self._count_ref(svc, (ep.target.namespace, ep.target.name), -1)
         change.services.add(svc)
         self._slice_changed(svc, skey, change, metadata)
 

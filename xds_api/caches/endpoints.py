@@ -55,6 +55,11 @@ class ViewWatch(ViewSubscriber, Protocol):
 
     key: ViewKey
     view: View | None
+    watcher: Watcher
+
+    @property
+    def name(self) -> str:
+        """The resource name watched (an EDS name, a LEDS collection)."""
 
 
 W = TypeVar("W", bound=ViewWatch)
@@ -82,6 +87,25 @@ def drop_watches(views: ViewRegistry, watches: dict[Subscription, dict[str, W]],
                 del blocked[watch.key.service]
     if not mine:
         del watches[sub]
+
+
+def retry_blocked(views: ViewRegistry, blocked: dict[ServiceKey, set[W]],
+                  services: Iterable[ServiceKey], type_url: str) -> None:
+    """Subscribe the waiting watches of `services` whose service can be watched now,
+    and tell each one's stream that its name changed (in name order)."""
+    for svc in services:
+        waiting = blocked.get(svc)
+        if not waiting:
+            continue
+        for watch in sorted(waiting, key=lambda w: w.name):
+            try:
+                watch.view = views.subscribe(watch.key, watch, watch.watcher.protocol)
+            except InvalidService:
+                continue
+            waiting.discard(watch)
+            watch.watcher.resource_changed(type_url, watch.name)
+        if not waiting:
+            del blocked[svc]
 
 
 class EndpointWatch:
@@ -273,17 +297,4 @@ class EndpointCache:
 
     def services_changed(self, services: Iterable[ServiceKey]) -> None:
         """Retry the blocked watches of these services: one may be watchable now."""
-        for svc in services:
-            blocked = self._blocked.get(svc)
-            if not blocked:
-                continue
-            for watch in sorted(blocked, key=lambda w: w.name):
-                try:
-                    watch.view = self.views.subscribe(watch.key, watch,
-                                                      watch.watcher.protocol)
-                except InvalidService:
-                    continue
-                blocked.discard(watch)
-                watch.watcher.resource_changed(rt.ENDPOINT, watch.name)
-            if not blocked:
-                del self._blocked[svc]
+        retry_blocked(self.views, self._blocked, services, rt.ENDPOINT)

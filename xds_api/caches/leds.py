@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import InvalidService, View, ViewChange, ViewRegistry
 from xds_api import resource_types as rt
-from xds_api.caches.endpoints import EndpointCache, drop_watches
+from xds_api.caches.endpoints import EndpointCache, drop_watches, retry_blocked
 from xds_api.caches.type_cache import Reply, Version, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.names import (
@@ -88,6 +88,10 @@ class CollectionWatch:
         self.key = key
         self.watcher = watcher
         self.view: View | None = None  # None while the service cannot be watched
+
+    @property
+    def name(self) -> str:
+        return self.collection
 
     def on_view_change(self, view: View, change: ViewChange) -> None:
         self.view = view
@@ -342,17 +346,4 @@ class LedsCache:
 
     def services_changed(self, services: Iterable[ServiceKey]) -> None:
         """Retry the blocked watches of these services: one may be watchable now."""
-        for svc in services:
-            blocked = self._blocked.get(svc)
-            if not blocked:
-                continue
-            for watch in sorted(blocked, key=lambda w: w.collection):
-                try:
-                    watch.view = self.views.subscribe(watch.key, watch,
-                                                      watch.watcher.protocol)
-                except InvalidService:
-                    continue
-                blocked.discard(watch)
-                watch.watcher.resource_changed(rt.LB_ENDPOINT, watch.collection)
-            if not blocked:
-                del self._blocked[svc]
+        retry_blocked(self.views, self._blocked, services, rt.LB_ENDPOINT)
