@@ -117,6 +117,30 @@ class LinkerdClient:
                                   ((target, st.state()),), kind))
 
 
+async def run_ads(method: grpc.aio.StreamStreamMultiCallable, first: bytes,
+                  requests: asyncio.Queue[bytes | None], apply: Callable[[bytes], None],
+                  done: asyncio.Event) -> str:
+    """Drive one ADS stream: send `first`, then whatever is queued on `requests` (None
+    ends the stream), hand every response to `apply`. Returns how the call ended; sets
+    `done` whatever happened, so nobody waits on a stream that is gone."""
+    requests.put_nowait(first)
+
+    async def sent() -> AsyncIterator[bytes]:
+        while (item := await requests.get()) is not None:
+            yield item
+
+    call = method(sent())
+    try:
+        async for raw in call:
+            apply(raw)
+        return str((await call.code()).name)
+    except grpc.aio.AioRpcError as e:
+        return f"{e.code().name}: {e.details()}"
+    finally:
+        requests.put_nowait(None)
+        done.set()
+
+
 class XdsClient:
     """One ADS stream subscribing to every target's ClusterLoadAssignment."""
 
@@ -156,24 +180,8 @@ class XdsClient:
             method = self.channel.stream_stream(ADS_SOTW)
             first = discovery_pb2.DiscoveryRequest(
                 node=self.node, type_url=EDS_TYPE, resource_names=self.targets)
-        self._requests.put_nowait(first.SerializeToString())
-        call = method(self._request_iterator())
-        try:
-            async for raw in call:
-                self._apply(raw)
-            self.status = (await call.code()).name
-        except grpc.aio.AioRpcError as e:
-            self.status = f"{e.code().name}: {e.details()}"
-        finally:
-            self._requests.put_nowait(None)
-            self.all_received.set()
-
-    async def _request_iterator(self) -> AsyncIterator[bytes]:
-        while True:
-            item = await self._requests.get()
-            if item is None:
-                return
-            yield item
+        self.status = await run_ads(method, first.SerializeToString(), self._requests,
+                                    self._apply, self.all_received)
 
     def _apply(self, raw: bytes) -> None:
         touched: list[tuple[str, State]] = []

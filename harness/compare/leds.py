@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from harness.clients import ADS_DELTA, EDS_TYPE, Observer, Received, TargetState
+from harness.clients import ADS_DELTA, EDS_TYPE, Observer, Received, TargetState, run_ads
 from harness.normalize import NormalEndpoint, State, from_lb_endpoint
 
 LEDS_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.LbEndpoint"
@@ -96,24 +96,8 @@ class LedsClient:
         method = self.channel.stream_stream(ADS_DELTA)
         first = discovery_pb2.DeltaDiscoveryRequest(
             node=self.node, type_url=EDS_TYPE, resource_names_subscribe=self.targets)
-        self._requests.put_nowait(first.SerializeToString())
-        call = method(self._request_iterator())
-        try:
-            async for raw in call:
-                self.apply(raw)
-            self.status = (await call.code()).name
-        except grpc.aio.AioRpcError as e:
-            self.status = f"{e.code().name}: {e.details()}"
-        finally:
-            self._requests.put_nowait(None)
-            self.all_received.set()
-
-    async def _request_iterator(self) -> AsyncIterator[bytes]:
-        while True:
-            item = await self._requests.get()
-            if item is None:
-                return
-            yield item
+        self.status = await run_ads(method, first.SerializeToString(), self._requests,
+                                    self.apply, self.all_received)
 
     def _send(self, request: discovery_pb2.DeltaDiscoveryRequest) -> None:
         self._requests.put_nowait(request.SerializeToString())
