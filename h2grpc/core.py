@@ -125,9 +125,12 @@ class H2Connection:
         self._window_updates = RateBudget("window updates", limits.max_window_updates, w)
         self._priority = RateBudget("priority frames", limits.max_priority, w)
         self._empty = RateBudget("empty frames", limits.max_empty_frames, w)
-        self._failed = RateBudget("failed requests", limits.max_failed_requests, w)
+        self._failed = RateBudget("failed requests", limits.failed_request_budget, w)
+        self._malformed_requests = RateBudget("malformed requests",
+                                              limits.max_malformed_requests, w)
+        self._refused = RateBudget("refused streams", limits.max_refused_streams, w)
         for budget in (self._resets, self._settings, self._window_updates, self._priority,
-                       self._empty, self._failed):
+                       self._empty, self._failed, self._malformed_requests, self._refused):
             budget.since = now
         self._pings = PingStrikes(limits.ping_min_interval, limits.max_ping_strikes)
         self._data_frames_seen = 0  # windows.frames_sent when last looked at
@@ -340,21 +343,29 @@ class H2Connection:
             return
         self.last_stream_id = sid
         if self_dependent:
-            self._refuse(sid, f.PROTOCOL_ERROR)  # §5.3.1: a stream cannot depend on itself
+            # §5.3.1: a stream cannot depend on itself
+            self._refuse(sid, f.PROTOCOL_ERROR, self._malformed_requests)
             return
-        if self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
-            self._refuse(sid, f.REFUSED_STREAM)
+        if self.going_away:
+            self._refuse(sid, f.REFUSED_STREAM, None)  # §6.8: nothing new after our GOAWAY
+            return
+        if len(self.streams) >= self.limits.max_concurrent_streams:
+            # §5.1.2, answered before the request is looked at: refused, not failed. A
+            # client within the advertised limit is never refused, so refusals have a
+            # budget of their own, and spending it cannot end a conforming client.
+            self._refuse(sid, f.REFUSED_STREAM, self._refused)
             return
         try:
             request = parse_request(headers)
         except MalformedHeaders:
-            self._refuse(sid, f.PROTOCOL_ERROR)
+            self._refuse(sid, f.PROTOCOL_ERROR, self._malformed_requests)
             return
         stream = H2Stream(sid, self.limits.stream_window)
         stream.move(Input.RECV_HEADERS)
         stream.content_length = request.content_length
         if end and request.content_length:
-            self._refuse(sid, f.PROTOCOL_ERROR)  # a body promised and none sent
+            # A body promised and none sent.
+            self._refuse(sid, f.PROTOCOL_ERROR, self._malformed_requests)
             return
         self.streams[sid] = stream
         self.idle_since = None
@@ -564,6 +575,15 @@ class H2Connection:
             self._forget(stream, RESET_BY_US)
         return streams
 
+    def detach(self) -> None:
+        """The connection is gone: drop what refers back to the layer above, and the
+        buffers (reference counting then frees the rest)."""
+        self.events = _DETACHED
+        self.windows.detach()
+        self._buf = bytearray()
+        self._closed.clear()
+        self.out.clear()
+
     def data_to_send(self) -> bytes:
         data = b"".join(self.out)
         self.out.clear()
@@ -618,14 +638,16 @@ class H2Connection:
 
     def _malformed(self, stream: H2Stream, _why: str) -> None:
         self._stream_error(stream, f.PROTOCOL_ERROR)
-        self.failed_request()
+        if not self._malformed_requests.spend(self.clock()):
+            raise _calm(self._malformed_requests)
 
-    def _refuse(self, sid: int, code: int) -> None:
-        """A stream reset before it started (refused, or its request malformed)."""
+    def _refuse(self, sid: int, code: int, budget: RateBudget | None) -> None:
+        """A stream reset before it started (refused, or its request malformed), spending
+        `budget`."""
         self._reply(f.rst_stream(sid, code))
         self._remember(sid, RESET_BY_US)
-        if not self._failed.spend(self.clock()):
-            raise _calm(self._failed)
+        if budget is not None and not budget.spend(self.clock()):
+            raise _calm(budget)
 
     def _reset_id(self, sid: int, code: int) -> None:
         stream = self.streams.get(sid)
@@ -681,11 +703,44 @@ class H2Connection:
             self.events.handshake_done()
 
     def _terminate(self, error: ConnectionError_) -> None:
+        # Kept without its traceback: the frames in it refer back to this connection.
+        error.__traceback__ = error.__context__ = error.__cause__ = None
         self.terminated = error
         self.going_away = True
         self._block = None
         self.out.append(f.goaway(self.last_stream_id, error.code, str(error).encode()[:200]))
         self.events.terminated(error.code, error.reason)
+
+
+class _Detached:
+    """The events of a connection that is gone: nobody listens."""
+
+    def request_received(self, stream: H2Stream, request: Request, end_stream: bool) -> None:
+        pass
+
+    def stream_data(self, stream: H2Stream, data: bytes) -> None:
+        pass
+
+    def stream_ended(self, stream: H2Stream) -> None:
+        pass
+
+    def stream_reset(self, stream: H2Stream, code: int) -> None:
+        pass
+
+    def stream_drained(self, stream: H2Stream) -> None:
+        pass
+
+    def handshake_done(self) -> None:
+        pass
+
+    def ping_acked(self, payload: bytes) -> None:
+        pass
+
+    def terminated(self, code: int, reason: str) -> None:
+        pass
+
+
+_DETACHED = _Detached()
 
 
 def _unpad(payload: bytes) -> bytes:

@@ -162,6 +162,7 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     raise
                 finally:
                     self._leave(addr, call, context, error)
+                    error = None  # its traceback holds this frame: no cycle left behind
             return gen
 
         async def coro(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -176,6 +177,7 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 raise
             finally:
                 self._leave(addr, call, context, error)
+                error = None  # its traceback holds this frame: no cycle left behind
         return coro
 
     async def _enter(self, context: grpc.aio.ServicerContext, method: str, rpc_type: str,
