@@ -80,6 +80,7 @@ class Connection(asyncio.Protocol):
         self._linger: asyncio.TimerHandle | None = None
         self._closing_since = 0.0  # when _close began: the linger's bound counts from it
         self._last_input = 0.0  # while lingering: when the client last sent something
+        self.streams_at_end = 0  # streams still open when the connection ended
         self._ping: bytes | None = None  # our keepalive PING, unanswered
         self._ping_sent_at = 0.0
         # Calls whose handler starts once the slice that opened them is handled: a
@@ -344,7 +345,9 @@ class Connection(asyncio.Protocol):
             server.call_started(call)
 
     def _reset_calls(self) -> None:
-        for stream in self.core.drop_streams():
+        streams = self.core.drop_streams()
+        self.streams_at_end += len(streams)
+        for stream in streams:
             call: ServerCall | None = stream.owner
             if call is not None:
                 call.reset()

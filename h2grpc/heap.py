@@ -72,8 +72,10 @@ class HeapTrimmer:
     def streams_ended(self, n: int = 1) -> None:
         self._add(n)
 
-    def connection_closed(self) -> None:
-        self._add(CONNECTION_WEIGHT)
+    def connection_closed(self, streams: int = 0) -> None:
+        """A connection is gone, with `streams` still open when it ended (what is freed
+        only now, with the connection's own state)."""
+        self._add(CONNECTION_WEIGHT + streams)
 
     def close(self) -> None:
         if self._handle is not None:

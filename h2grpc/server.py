@@ -154,7 +154,7 @@ class Server:
             if not self.connections:
                 self._no_connections.set()
             if self.heap is not None:
-                self.heap.connection_closed()
+                self.heap.connection_closed(conn.streams_at_end)
 
     @property
     def open_streams(self) -> int:

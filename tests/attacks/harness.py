@@ -49,7 +49,7 @@ SERVER_FLAGS: dict[str, str] = {
     "--h2-handshake-timeout": "2",
     "--h2-idle-timeout": "4",
     "--h2-keepalive-time": "1",
-    "--h2-keepalive-timeout": "5",
+    "--h2-keepalive-timeout": "20",
     "--max-connections-per-client": "200",
     # The budgets count per window of this many seconds: long, so that an attack
     # reaches its budget's count however slowly a loaded machine lets the server read
@@ -66,6 +66,8 @@ CHURN_PREFIX = "10.250."
 
 # Gauges of the native server that must come back to their baseline after an attack.
 GAUGES = ("meshbridge_http2_open_streams", "meshbridge_http2_handler_tasks")
+# The server's trims after bursts (h2grpc.heap), reported with RSS.
+HEAP_COUNTERS = ("meshbridge_http2_heap_trims_total", "meshbridge_http2_heap_trim_seconds_total")
 
 # Deadlines are for what must happen at all (a /ready answer, a change delivered): a
 # loaded machine makes them slower, never red. Latencies are reported, not judged.
@@ -345,8 +347,10 @@ class Report:
     rss_peak: int = 0
     rss_after: int = 0
     rss_recovered_in: float | None = None
+    rss_series: list[float] = field(default_factory=list)  # MiB, polled after the attack
     gauges_baseline: dict[str, float | None] = field(default_factory=dict)
     gauges_after: dict[str, float | None] = field(default_factory=dict)
+    heap: dict[str, float | None] = field(default_factory=dict)  # HEAP_COUNTERS at the end
     attacker: dict[str, Any] = field(default_factory=dict)
     attacker_error: str = ""
     clients_status: str = ""
@@ -409,7 +413,9 @@ class Report:
             f"{self.rss_peak / 2**20:.1f}, after {self.rss_after / 2**20:.1f}"
             + (f" (back within {RSS_SLACK // 2**20} MiB in {self.rss_recovered_in}s)"
                if self.rss_recovered_in is not None else
-               f" (NOT back within {RSS_SLACK // 2**20} MiB in {RECOVERY_DEADLINE:g}s)"),
+               f" (NOT back within {RSS_SLACK // 2**20} MiB in {RECOVERY_DEADLINE:g}s)")
+            + f"; heap trims so far: {self.heap}; polled after: {self.rss_series[:12]}"
+            + ("..." if len(self.rss_series) > 12 else ""),
             f"  gauges: baseline {self.gauges_baseline}, after {self.gauges_after}",
             f"  attacker: {json.dumps(a)}" + (f" ERROR {self.attacker_error}"
                                               if self.attacker_error else ""),
@@ -446,6 +452,7 @@ async def _recover(server: Server, report: Report, check_gauges: bool) -> None:
     def rss_recovered() -> bool:
         report.rss_after = server.rss()
         report.rss_peak = max(report.rss_peak, report.rss_after)
+        report.rss_series.append(round(report.rss_after / 2**20, 1))
         return report.rss_after <= report.rss_reference + RSS_SLACK
 
     async def gauges_recovered() -> bool:
@@ -516,6 +523,7 @@ async def run_attack(server: Server, name: str, seconds: float,
             report.attacker_error = (f"no JSON (exit {proc.returncode}): "
                                      f"{err.decode(errors='replace')[-500:]}")
         await _recover(server, report, check_gauges)
+        report.heap = await asyncio.to_thread(server.gauges, HEAP_COUNTERS)
         report.clients_status = clients.status()
         report.server_alive = server.proc is not None and server.proc.poll() is None
     finally:
