@@ -79,6 +79,16 @@ class _CountingContext:
                     self._call.msg_sent.inc()
                 return written
             return write_nowait
+        if name == "read_into":  # the native server's callback reads: counted like read
+            async def read_into(on_message: Any) -> None:
+                received = self._call.msg_received
+
+                def counted(message: Any) -> bool:
+                    received.inc()
+                    done: bool = on_message(message)
+                    return done
+                await found(counted)
+            return read_into
         return found
 
     async def write(self, message: Any) -> None:
