@@ -450,7 +450,9 @@ class SotwStream(XdsStream):
         if sub.type_url in rt.FULL_STATE:
             sub.sent = HeldVersions((r.name, r.version) for r in reply.resources)
         else:
-            sub.sent.update((r.name, r.version) for r in reply.resources)
+            sent = sub.sent
+            for r in reply.resources:
+                sent[r.name] = r.version
 
 
 class DeltaStream(XdsStream):

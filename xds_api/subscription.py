@@ -8,6 +8,7 @@ which names were added and removed, for the stream to (un)watch in the cache.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -33,15 +34,25 @@ VERSION_DIGITS = 24
 _VERSION_MASK = (1 << (4 * VERSION_DIGITS)) - 1
 
 
+# Thousands of streams hold the same few versions: each is parsed once, not once per
+# stream and response (bounded: cleared when full).
+_TERMS: dict[str, int] = {}
+_MAX_TERMS = 1 << 16
+
+
 def _term(version: str) -> int:
     """A version's part of a set's version: its value, or 0 for a marker (ABSENT,
     RESEND) or a string that is not a version of ours."""
-    if len(version) == VERSION_DIGITS and version.isascii() and version.isalnum():
-        try:
-            return int(version, 16)
-        except ValueError:
-            return 0
-    return 0
+    term = _TERMS.get(version)
+    if term is None:
+        term = 0
+        if len(version) == VERSION_DIGITS and version.isascii() and version.isalnum():
+            with contextlib.suppress(ValueError):
+                term = int(version, 16)
+        if len(_TERMS) >= _MAX_TERMS:
+            _TERMS.clear()
+        _TERMS[version] = term
+    return term
 
 
 def held_version(versions: Iterable[str]) -> str:
