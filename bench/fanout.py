@@ -154,12 +154,13 @@ async def run_client(args: argparse.Namespace) -> int:
 
     follow = {"get": linkerd, "sotw": sotw, "delta": delta}[args.protocol]
     tasks: list[asyncio.Task[None]] = []
+    reader = await commands()
     for goal in (args.first_phase, args.streams):
         arrivals.expect(goal)
         tasks.extend(asyncio.create_task(follow(i)) for i in range(len(tasks), goal))
         await asyncio.wait_for(arrivals.ready.wait(), 300)
         out_line(ready=goal)
-    reader = await commands()
+        await reader.readline()  # the parent has read the server's memory
     await reader.read()  # until the parent closes stdin
     for t in tasks:
         t.cancel()
@@ -228,6 +229,7 @@ async def run_lean_client(args: argparse.Namespace) -> int:
 
     path = {"get": GET, "sotw": ADS_SOTW, "delta": ADS_DELTA}[args.protocol]
     started = 0
+    reader = await commands()
     for goal in (args.first_phase, args.streams):
         arrivals.expect(goal)
         for i in range(started, goal):
@@ -235,7 +237,9 @@ async def run_lean_client(args: argparse.Namespace) -> int:
         started = goal
         await asyncio.wait_for(arrivals.ready.wait(), 300)
         out_line(ready=goal)
-    reader = await commands()
+        # The next streams open only once the parent has read the server's memory
+        # with exactly these open.
+        await reader.readline()
     await reader.read()  # until the parent closes stdin
     for c in conns:
         c.close()
@@ -302,6 +306,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                        "streams open and idle")
             gc.collect()
             readings.append((ready, rss_kib(), tracemalloc.get_traced_memory()[0]))
+            await child.send(next=True)
         tracemalloc.stop()
         (n1, rss1, heap1), (n2, rss2, heap2) = readings
         svc = sim.services[0]

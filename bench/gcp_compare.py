@@ -162,6 +162,7 @@ async def memory_phases(child: Child, rss: Callable[[], int],
         ready = (await child.line())["ready"]
         await settle(ready)
         readings.append((ready, rss()))
+        await child.send(next=True)
     (n1, r1), (n2, r2) = readings
     return (r2 - r1) / (n2 - n1)
 
