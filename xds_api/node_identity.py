@@ -1,5 +1,5 @@
 """Who an xDS client is, from its node (xDS §1.1): its kind and its namespace, which
-decide the RouteConfiguration it is sent (Routes §1.2, xDS §4.7).
+decide the RouteConfiguration it is sent (Routes §1.2, xDS §3.8).
 
 * Kind: gRPC's xDS clients name themselves in `user_agent_name` ("gRPC C-core ...",
   "gRPC Go", "gRPC Java"); Envoy says "envoy". Node metadata

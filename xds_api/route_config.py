@@ -1,9 +1,9 @@
 """A Service port's RouteTable as a RouteConfiguration, for Envoy or for proxyless gRPC
-(xDS §3.4, §4.6; the field table is docs/routes.md's).
+(xDS §3.8, §4.6; the field table is docs/routes.md's).
 
 Pure functions: a table in, the RouteConfiguration and the list of what this client
 kind cannot be told out. Envoy is told everything the table says. A gRPC client is
-told only what grpc accepts (xDS §4.7): what would make it NACK the whole
+told only what grpc accepts (xDS §3.8): what would make it NACK the whole
 RouteConfiguration is never sent, and what it would silently skip is left out and
 reported, so that the debug pages and the logs say what that client does not do.
 """
@@ -32,12 +32,12 @@ from bridge.routes.objects import (
 )
 from bridge.routes.table import ResolvedBackend, ResolvedRule, RouteTable, TableEntry
 
-GRPC_MAX_RETRIES = 4  # grpc treats more as 4 (xDS §4.7)
+GRPC_MAX_RETRIES = 4  # grpc treats more as 4 (xDS §3.8)
 _MAX_LISTED_CODES = 100  # a status range wider than this is not listed code by code
 
 
 class ClientKind(enum.Enum):
-    """Who asks for a RouteConfiguration: what it may be sent differs (xDS §4.7)."""
+    """Who asks for a RouteConfiguration: what it may be sent differs (xDS §3.8)."""
 
     ENVOY = "envoy"
     GRPC = "grpc"
@@ -111,7 +111,7 @@ class _Encoder:
         spec = rule.rule
         if rule.failure:
             # Routes §3.4: a rule that cannot be served answers 500 (gRPC clients fail
-            # the call; a direct response is accepted, never NACKed, xDS §4.7).
+            # the call; a direct response is accepted, never NACKed, xDS §3.8).
             out.direct_response.CopyFrom(rc.DirectResponseAction(
                 status=500, body=base_pb2.DataSource(inline_string=rule.failure)))
             return out
@@ -139,7 +139,7 @@ class _Encoder:
             out = found
             if m.query_params:
                 if self.grpc:
-                    # xDS §4.7: grpc ignores a route with query matches; leaving it
+                    # xDS §3.8: grpc ignores a route with query matches; leaving it
                     # out says the same thing without relying on that.
                     self._skip(rule, "a query parameter match: the match is left out")
                     return None
@@ -167,7 +167,7 @@ class _Encoder:
         if not prefix:
             return rc.RouteMatch(prefix="/")
         if self.grpc:
-            # xDS §4.7: path_separated_prefix makes grpc NACK the configuration; a
+            # xDS §3.8: path_separated_prefix makes grpc NACK the configuration; a
             # call's path is /service/method, so a prefix ending in / is the same
             # segment match for every call.
             return rc.RouteMatch(prefix=prefix + "/")
@@ -191,7 +191,7 @@ class _Encoder:
                 for n, b in zip(names, backends, strict=True))
         if any(not b.usable for b in backends):
             if self.grpc:
-                pass  # xDS §4.7: grpc fails the calls a missing cluster gets on its own
+                pass  # xDS §3.8: grpc fails the calls a missing cluster gets on its own
             else:
                 # Routes §3.2: the share of a backend that cannot be served is a 500.
                 action.cluster_not_found_response_code = \
@@ -235,7 +235,7 @@ class _Encoder:
             # Routes §3.3: without retries one attempt is the whole request.
             request = min(request, t.backend_request) if request else t.backend_request
         if self.grpc:
-            # xDS §4.7: grpc reads only max_stream_duration; a call's own deadline
+            # xDS §3.8: grpc reads only max_stream_duration; a call's own deadline
             # still applies when it is shorter.
             if request:
                 action.max_stream_duration.max_stream_duration.CopyFrom(_ms(request))

@@ -71,7 +71,7 @@ class Subscription:
     # the View of each EDS name exactly as a Linkerd context token's nodeName does.
     node_name: str = ""
     last_nack: str = ""
-    # Which routes the client is sent (Routes §1.2, xDS §4.7): its kind ("envoy" or
+    # Which routes the client is sent (Routes §1.2, xDS §3.8): its kind ("envoy" or
     # "grpc", from the node's user agent) and its Kubernetes namespace (node metadata
     # NAMESPACE, else Istio's node id).
     client: str = "envoy"

@@ -68,7 +68,7 @@ def test_a_cluster_ip_names_its_service_port_and_an_undeclared_port_is_refused(
         ServiceKey("app", "web"), 80, True)
     undeclared = outbound.lookup_addr(cluster, "10.96.0.10", 81, NETS)
     assert isinstance(undeclared, ServiceTarget) and not undeclared.declared
-    p = outbound.service_policy(cluster, CONFIG, undeclared, "app", lambda r, b: None)
+    p = outbound.service_policy(cluster, CONFIG, undeclared, None, "app")
     (opaq,) = p.protocol.opaque.routes
     assert opaq.metadata.default == "undefined-port"
     assert opaq.rules[0].filters[0].WhichOneof("kind") == "forbidden"
@@ -163,8 +163,9 @@ def test_unusable_backends_get_a_failure_filter_and_are_reported(cluster: Cluste
     assert [(f.status, f.message) for f in messages] == [
         (500, "Service not found gone"), (500, "missing port for backend Service web-v2"),
         (500, "unsupported backend type example.com Bucket")]
-    (problem,) = [p for p in route_index(cluster).port(ServiceKey("app", "web"), 80)
-                  .producer.problems if p.problem.reason == "BackendNotFound"]
+    table = route_index(cluster).table(ServiceKey("app", "web"), 80, "app")
+    assert table is not None
+    (problem,) = [p for p in table.problems if p.problem.reason == "BackendNotFound"]
     assert problem.route.name == "broken"
 
 
@@ -395,7 +396,7 @@ def test_bad_workloads(text: str) -> None:
     {"kind": "HTTPRoute", "metadata": {"name": "r", "namespace": "a"},
      "spec": {"rules": [{"backendRefs": [{"name": "x", "weight": -1}]}]}},
     {"kind": "HTTPRoute", "metadata": {"name": "r", "namespace": "a"},
-     "spec": {"rules": [{"matches": [{"path": {"type": "Glob"}}]}]}},
+     "spec": {"rules": [{"matches": ["not a match"]}]}},
 ])
 def test_unusable_policy_objects_are_refused_naming_the_object(raw: dict[str, Any]) -> None:
     with pytest.raises(ObjectError) as e:

@@ -7,7 +7,7 @@ route model (bridge.routes) for the client kind and namespace that asks.
   it removed, once).
 * Content: a port without routes sends everything to its own cluster. A port with
   routes gets its table (Routes §1.2: the client namespace's consumer routes, else
-  the producer's) as Envoy is told it, or restricted to what grpc accepts (§4.7).
+  the producer's) as Envoy is told it, or restricted to what grpc accepts (§3.8).
   Each variant is encoded once per route change, whatever the number of streams.
 """
 
