@@ -106,8 +106,8 @@ class _Encoder:
         match = self._match(entry.match, rule)
         if match is None:
             return None
-        out = rc.Route(name=f"{rule.route.namespace}/{rule.route.name}/{rule.index}",
-                       match=match)
+        # Named as `meshbridge policy` names a Linkerd rule, so the two read alike.
+        out = rc.Route(name=f"{rule.route.label} rule {rule.index}", match=match)
         spec = rule.rule
         if rule.failure:
             # Routes §3.4: a rule that cannot be served answers 500 (gRPC clients fail
