@@ -305,6 +305,14 @@ class XdsStream:
                 [rt.WILDCARD, *shown] if sub.wildcard else shown)
         self.cache.watch(sub, change, self)
 
+    def _acked(self, sub: Subscription, nonce: str, version: str) -> None:
+        """§1.4: the client took the response `nonce` (at `version`)."""
+        sub.answered = nonce
+        sub.acked_version = version
+        sub.acks += 1
+        if self.info is not None:
+            self.info.acked(rt.short_name(sub.type_url), version)
+
     def _log_nack(self, sub: Subscription, nonce: str, version: str, code: int,
                   message: str) -> None:
         sub.nacks += 1
@@ -383,10 +391,7 @@ class SotwStream(XdsStream):
         if req.response_nonce and sub.nonce:
             sub.answered = req.response_nonce
             if not nack:
-                sub.acked_version = req.version_info
-                sub.acks += 1
-                if self.info is not None:
-                    self.info.acked(rt.short_name(t), req.version_info)
+                self._acked(sub, req.response_nonce, req.version_info)
                 if names == sub.names and not sub.wildcard and rt.WILDCARD not in names:
                     # An ACK that names what is subscribed changes no subscription
                     # (the usual request by far: one per response per stream).
@@ -474,6 +479,15 @@ class DeltaStream(XdsStream):
             self._unknown_type(t, req)
             return
         sub, first = self._subscription(t)
+        if (not first and req.response_nonce and req.response_nonce == sub.nonce
+                and not req.resource_names_subscribe and not req.resource_names_unsubscribe
+                and not req.HasField("error_detail")):
+            # An ACK that changes no subscription: the usual request by far (one per
+            # response per stream).
+            self._acked(sub, req.response_nonce, sub.version_sent)
+            if sub.dirty or sub.must_reply:
+                self._wake()
+            return
         subscribe = list(dict.fromkeys(req.resource_names_subscribe))
         unsubscribe = list(dict.fromkeys(req.resource_names_unsubscribe))
         self._check_size(len(sub.names) + len(subscribe), t)
@@ -483,10 +497,7 @@ class DeltaStream(XdsStream):
                 self._log_nack(sub, req.response_nonce, "", req.error_detail.code,
                                req.error_detail.message)
             else:
-                sub.acked_version = sub.version_sent
-                sub.acks += 1
-                if self.info is not None:
-                    self.info.acked(rt.short_name(t), sub.version_sent)
+                self._acked(sub, req.response_nonce, sub.version_sent)
         elif req.response_nonce and req.HasField("error_detail"):
             # A NACK of an older response: still logged and counted.
             self._log_nack(sub, req.response_nonce, "", req.error_detail.code,
