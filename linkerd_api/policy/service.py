@@ -26,10 +26,13 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 
 from bridge.cluster import ClusterChange, ListenerStage
+from bridge.model import ServiceKey
 from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS
 from bridge.routes.index import route_index
+from bridge.routes.text import RouteRow
 from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import DEFAULT_CLUSTER_NETWORKS, Network, UnknownTarget
+from linkerd_api.policy.text import policy_rows
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
@@ -124,6 +127,7 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     server.add_generic_rpc_handlers(service.handlers())
     host.on_stop(service.stop)
     host.keep("policy", service)
+    host.add_route_renderer("linkerd", service.render_routes)
 
 
 class PolicyStream:
@@ -266,6 +270,19 @@ class PolicyService:
 
         compute()  # a Service that vanished between lookup and now is still served
         return compute, wants
+
+    def render_routes(self, service: ServiceKey, port: int,
+                      client_ns: str) -> tuple[list[RouteRow], list[str]]:
+        """The port's policy as a proxy in `client_ns` is told it, as route-table rows,
+        and what it is not told (for /debug/endpoints)."""
+        svc = self.cluster.services.get(service)
+        if svc is None:
+            return [], []
+        target = outbound.ServiceTarget(service, port, svc.port(port) is not None)
+        policy = ob.OutboundPolicy.FromString(self._service_policy(target, client_ns))
+        _, rows = policy_rows(policy)
+        return rows, outbound.left_out(self.routes.port(service, port), client_ns,
+                                       self.semantics)
 
     def _service_policy(self, target: outbound.ServiceTarget, client_ns: str) -> bytes:
         """The encoded policy, shared by every stream of the same target whose client

@@ -96,6 +96,17 @@ class RouteCache:
             self._log_once(client, item)
         return res
 
+    def left_out_of(self, name: str, client: ClientKind,
+                    client_namespace: str) -> tuple[Unrepresentable, ...]:
+        """What `variant(name, client, client_namespace)` could not tell that client."""
+        entry = self.ports.entries.get(name)
+        if entry is None or self.variant(name, client, client_namespace) is None:
+            return ()
+        port_routes = self.routes.port(entry.key.service, entry.key.port)
+        group = (client_namespace if port_routes is not None
+                 and client_namespace in port_routes.consumers else "")
+        return self.left_out.get((name, client, group), ())
+
     def _log_once(self, client: ClientKind, item: Unrepresentable) -> None:
         key = (client, item.route, item.what)
         if key in self._logged or len(self._logged) > 100_000:
