@@ -10,38 +10,28 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from kubernetes import client, config
+from kubernetes import client
 
 from bridge.routes.status import CONTROLLER_NAME
 from bridge.sources.kube import KubeSource
 from linkerd_api.proto import outbound_pb2 as ob
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
+from tests.integration import kubeapi, test_kube_policy
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.linkerd_support import channel_to
 from tests.integration.policy_client import watch
-from tests.integration.test_kube_policy import install_crds
 from tests.polling import eventually_sync
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
+api = test_kube_policy.api  # an API client, with the policy and route CRDs installed
 WAIT = 15.0
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 LINKERD = "linkerd.io/policy-controller"
-
-
-@pytest.fixture
-def api(kube_apiserver: KubeAPIServer) -> Iterator[client.ApiClient]:
-    c = config.new_client_from_config(str(kube_apiserver.kubeconfig_path))
-    install_crds(c)
-    yield c
-    c.close()
 
 
 def canary(weight: int, backend: str = "web-canary") -> dict[str, Any]:
