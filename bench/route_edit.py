@@ -27,6 +27,7 @@ from bench.common import (
     Child,
     StaticSource,
     commands,
+    cpu_seconds,
     out_line,
     poll,
     print_json,
@@ -174,6 +175,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     latencies: dict[str, list[float]] = {k: [] for k in KINDS}
     encodings: dict[str, list[float]] = {k: [] for k in KINDS}
+    cpu_ms: list[float] = []
     try:
         child = await Child.start(
             "bench.route_edit", "--server", f"127.0.0.1:{app.grpc_port}",
@@ -192,9 +194,11 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             await poll(idle, 120, "server idle before a run")
             edit = decoded([route(20 if run % 2 else 10)])
             rds0, pol0 = rds_encodings(), policy.encodings
+            cpu0 = cpu_seconds()
             t0 = time.monotonic()
             app.cluster.apply([Event(EventType.MODIFIED, edit[0])])
             got = await child.line()
+            cpu_ms.append((cpu_seconds() - cpu0) * 1000)
             assert got["run"] == run, got
             for k in KINDS:
                 latencies[k].append((got[k] - t0) * 1000)
@@ -210,7 +214,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         await app.stop(grace=0.5)
         gctune.release_heap()
     return {"streams": args.streams, "channels": args.channels, "runs": args.runs,
-            "all_received_ms": latencies, "encodings_per_edit": encodings}
+            "all_received_ms": latencies, "encodings_per_edit": encodings,
+            "server_cpu_ms": cpu_ms}
 
 
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -219,7 +224,8 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [row(f"route edit: one HTTPRoute change to {n:,} {titles[k]} streams (beside "
                 f"{n:,} of the other kind)", "last stream has it",
                 result["all_received_ms"][k], "ms", TARGET_MS if n == 1000 else None,
-                encodings=result["encodings_per_edit"][k]) for k in KINDS]
+                encodings=result["encodings_per_edit"][k],
+                server_cpu_ms=result["server_cpu_ms"]) for k in KINDS]
 
 
 def report(result: dict[str, Any]) -> str:
@@ -230,6 +236,8 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"  {k}: last stream has it: median {statistics.median(lat):.1f} ms "
                      f"(min {min(lat):.1f}, max {max(lat):.1f}); encodings per edit "
                      f"{result['encodings_per_edit'][k]}")
+    lines.append(f"  server CPU per edit (both kinds): median "
+                 f"{statistics.median(result['server_cpu_ms']):.1f} ms")
     return "\n".join(lines)
 
 

@@ -38,6 +38,7 @@ from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
 from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
+from meshbridge.writes import NowaitWriter, nowait_writer
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
@@ -132,9 +133,11 @@ def register(host: Host, server: grpc.aio.Server) -> None:
 
 class PolicyStream:
     """One Watch/WatchPort stream: how to compute its policy, and the newest one not
-    yet written."""
+    yet written. A new policy is written at once, without waking the stream's task,
+    when the server can take it now (meshbridge.writes) and nothing is in flight."""
 
-    __slots__ = ("compute", "ended", "last", "pending", "wake", "wants")
+    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "wake", "wants",
+                 "write_now", "writing")
 
     def __init__(self, compute: Callable[[], bytes],
                  wants: Callable[[ClusterChange], bool]) -> None:
@@ -144,15 +147,23 @@ class PolicyStream:
         self.pending: bytes | None = None
         self.ended = False
         self.wake = asyncio.Event()
+        self.write_now: NowaitWriter = nowait_writer(None)
+        self.on_sent: Callable[[bytes], None] = lambda _message: None
+        self.writing = False  # the task is awaiting a write: keep the order
 
     def refresh(self) -> None:
         try:
             message = self.compute()
         except UnknownTarget:
             return  # the target went away: keep the last policy, as Linkerd's index does
-        if message != self.last:
-            self.last = self.pending = message
-            self.wake.set()
+        if message == self.last:
+            return
+        self.last = message
+        if self.pending is None and not self.writing and self.write_now(message):
+            self.on_sent(message)
+            return
+        self.pending = message
+        self.wake.set()
 
     def end(self) -> None:
         self.ended = True
@@ -381,11 +392,21 @@ class PolicyService:
         gauge = self.open_streams.labels(method)
         gauge.inc()
         sent = 0
+
+        def on_sent(message: bytes) -> None:
+            nonlocal sent
+            sent += 1
+            info.sent(target, str(sent), "", len(message))
+
+        stream.on_sent = on_sent
+        stream.write_now = nowait_writer(context)
         try:
             while (message := await stream.next()) is not None:
-                await context.write(message)
-                sent += 1
-                info.sent(target, str(sent), "", len(message))
+                stream.writing = True
+                if not stream.write_now(message):
+                    await context.write(message)
+                stream.writing = False
+                on_sent(message)
         finally:
             gauge.dec()
             self.streams.discard(stream)
