@@ -34,6 +34,8 @@ from xds_api.subscription import Subscription
 
 log = structlog.get_logger("meshbridge.xds.routes")
 
+# A subscription's client kind (its node's, xds_api.node_identity) as a ClientKind.
+_KINDS = {kind.value: kind for kind in ClientKind}
 # (name, client kind, table group: "" for the producer's or a consumer namespace)
 VariantKey = tuple[str, ClientKind, str]
 
@@ -65,8 +67,7 @@ class RouteCache:
         return self.variant(name, ClientKind.ENVOY, "")
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
-        return self.variant(name, ClientKind.GRPC if sub.client == ClientKind.GRPC.value
-                            else ClientKind.ENVOY, sub.namespace)
+        return self.variant(name, _KINDS.get(sub.client, ClientKind.ENVOY), sub.namespace)
 
     def variant(self, name: str, client: ClientKind,
                 client_namespace: str) -> EncodedResource | None:
