@@ -1,7 +1,7 @@
 """`make bench` / `python -m bench`: every headline figure in one table.
 
-    python -m bench [--quick] [--only fanout,memory,churn,connect,encode,bigservice,gcp,
-                                     failover,parallel] [--out FILE]
+    python -m bench [--quick] [--only fanout,memory,churn,connect,encode,bigservice,routes,
+                                     gcp,failover,parallel] [--out FILE]
     python -m bench NAME...      run benchmark modules by name, each printing its own
                                  report (e.g. `python -m bench xds_fanout`)
 
@@ -48,6 +48,7 @@ FULL: dict[str, list[list[str]]] = {
                                              "--clients-kind", "grpcio"]],
     "encode": [["encode", "--runs", "5"]],
     "bigservice": [["big_service", "--runs", "5"]],
+    "routes": [["route_edit", "--streams", "1000", "--runs", "5"]],
     # Beside go-control-plane's LinearCache (built from the Go module proxy), one run.
     "gcp": [["gcp_compare", "--protocol", p, "--streams", "5000", "--runs", "5"]
             for p in ("sotw", "delta")],
@@ -69,9 +70,10 @@ QUICK: dict[str, list[list[str]]] = {
     "failover": [["failover", "--clients", "100", "--names", "3", "--services", "20",
                   "--channels", "5", "--runs", "1"]],
     "parallel": [["parallel", "--streams", "500", "--rounds", "2", "--runs", "1"]],
+    "routes": [["route_edit", "--streams", "100", "--runs", "2", "--channels", "5"]],
 }
-SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice", "gcp", "failover",
-          "parallel")
+SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice", "routes", "gcp",
+          "failover", "parallel")
 
 
 def discover() -> list[str]:
