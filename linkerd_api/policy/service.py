@@ -26,14 +26,19 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 
 from bridge.cluster import ClusterChange, ListenerStage
-from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS, BackendRef, Route
+from bridge.model import ServiceKey
+from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS
+from bridge.routes.index import route_index
+from bridge.routes.text import RouteRow
 from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import DEFAULT_CLUSTER_NETWORKS, Network, UnknownTarget
+from linkerd_api.policy.text import policy_rows
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
 from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
+from meshbridge.writes import NowaitWriter, nowait_writer
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
@@ -116,17 +121,23 @@ def options_from_args(args: argparse.Namespace) -> PolicyOptions:
 
 
 def register(host: Host, server: grpc.aio.Server) -> None:
-    service = PolicyService(host, host.options_for(PolicyOptions))
+    from linkerd_api.service import LinkerdOptions
+
+    service = PolicyService(host, host.options_for(PolicyOptions),
+                            host.options_for(LinkerdOptions).semantics)
     server.add_generic_rpc_handlers(service.handlers())
     host.on_stop(service.stop)
     host.keep("policy", service)
+    host.add_route_renderer("linkerd", service.render_routes)
 
 
 class PolicyStream:
     """One Watch/WatchPort stream: how to compute its policy, and the newest one not
-    yet written."""
+    yet written. A new policy is written at once, without waking the stream's task,
+    when the server can take it now (meshbridge.writes) and nothing is in flight."""
 
-    __slots__ = ("compute", "ended", "last", "pending", "wake", "wants")
+    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "wake", "wants",
+                 "write_now", "writing")
 
     def __init__(self, compute: Callable[[], bytes],
                  wants: Callable[[ClusterChange], bool]) -> None:
@@ -136,15 +147,23 @@ class PolicyStream:
         self.pending: bytes | None = None
         self.ended = False
         self.wake = asyncio.Event()
+        self.write_now: NowaitWriter = nowait_writer(None)
+        self.on_sent: Callable[[bytes], None] = lambda _message: None
+        self.writing = False  # the task is awaiting a write: keep the order
 
     def refresh(self) -> None:
         try:
             message = self.compute()
         except UnknownTarget:
             return  # the target went away: keep the last policy, as Linkerd's index does
-        if message != self.last:
-            self.last = self.pending = message
-            self.wake.set()
+        if message == self.last:
+            return
+        self.last = message
+        if self.pending is None and not self.writing and self.write_now(message):
+            self.on_sent(message)
+            return
+        self.pending = message
+        self.wake.set()
 
     def end(self) -> None:
         self.ended = True
@@ -161,11 +180,17 @@ class PolicyStream:
 
 
 class PolicyService:
-    def __init__(self, host: Host, options: PolicyOptions) -> None:
+    def __init__(self, host: Host, options: PolicyOptions, semantics: str = "proto") -> None:
         self.host = host
         self.cluster = host.cluster
         self.config = host.config
         self.options = options
+        self.semantics = semantics
+        self.routes = route_index(host.cluster)
+        # One encoding per (target, client namespace) per cluster change, whatever the
+        # number of streams watching it; emptied whenever the cluster changes.
+        self._encoded: dict[tuple[outbound.ServiceTarget, str], bytes] = {}
+        self.encodings = 0  # policies encoded (tests and benchmarks read it)
         self.settings = inbound.InboundSettings(options.default_inbound_policy,
                                                 options.networks, options.probes)
         self.streams: set[PolicyStream] = set()
@@ -202,6 +227,8 @@ class PolicyService:
             self.cluster.remove_listener(self._on_change)
 
     def _on_change(self, change: ClusterChange) -> None:
+        if _outbound_change(change):
+            self._encoded.clear()
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
@@ -243,29 +270,43 @@ class PolicyService:
             message = outbound.egress_fallback(target.ip, target.port).SerializeToString()
             return (lambda: message), (lambda change: False)
         service_target = target
+        client_ns = source.namespace
 
         def compute() -> bytes:
-            return outbound.service_policy(self.cluster, self.config, service_target,
-                                           source.namespace, self._missing_backend,
-                                           ).SerializeToString()
+            return self._service_policy(service_target, client_ns)
 
         def wants(change: ClusterChange) -> bool:
-            # Any Service: a route's backend may be another Service appearing or going.
-            return bool(change.all_services or change.kinds & ROUTE_KINDS
-                        or change.services or change.namespaces)
+            return _outbound_change(change)
 
         compute()  # a Service that vanished between lookup and now is still served
         return compute, wants
 
-    def _missing_backend(self, route: Route, ref: BackendRef) -> None:
-        key = ("missing-backend", route.kind, route.meta.namespace, route.meta.name,
-               ref.namespace, ref.name, str(ref.port))
-        if key in self.noted:
-            return
-        self.noted.add(key)
-        log.warning("route backend names no Service; its requests fail with a 500 filter",
-                    route=f"{route.route_kind} {route.meta.namespace}/{route.meta.name}",
-                    group=route.group, backend=f"{ref.namespace}/{ref.name}:{ref.port}")
+    def render_routes(self, service: ServiceKey, port: int,
+                      client_ns: str) -> tuple[list[RouteRow], list[str]]:
+        """The port's policy as a proxy in `client_ns` is told it, as route-table rows,
+        and what it is not told (for /debug/endpoints)."""
+        svc = self.cluster.services.get(service)
+        if svc is None:
+            return [], []
+        target = outbound.ServiceTarget(service, port, svc.port(port) is not None)
+        policy = ob.OutboundPolicy.FromString(self._service_policy(target, client_ns))
+        _, rows = policy_rows(policy)
+        return rows, outbound.left_out(self.routes.port(service, port), client_ns,
+                                       self.semantics)
+
+    def _service_policy(self, target: outbound.ServiceTarget, client_ns: str) -> bytes:
+        """The encoded policy, shared by every stream of the same target whose client
+        namespace reads the same route table (Routes §1.2)."""
+        routes = self.routes.port(target.service, target.port)
+        group = client_ns if routes is not None and client_ns in routes.consumers else ""
+        memo_key = (target, group)
+        encoded = self._encoded.get(memo_key)
+        if encoded is None:
+            encoded = outbound.service_policy(self.cluster, self.config, target, routes,
+                                              client_ns, self.semantics).SerializeToString()
+            self._encoded[memo_key] = encoded
+            self.encodings += 1
+        return encoded
 
     async def get(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         try:
@@ -350,11 +391,21 @@ class PolicyService:
         gauge = self.open_streams.labels(method)
         gauge.inc()
         sent = 0
+
+        def on_sent(message: bytes) -> None:
+            nonlocal sent
+            sent += 1
+            info.sent(target, str(sent), "", len(message))
+
+        stream.on_sent = on_sent
+        stream.write_now = nowait_writer(context)
         try:
             while (message := await stream.next()) is not None:
-                await context.write(message)
-                sent += 1
-                info.sent(target, str(sent), "", len(message))
+                stream.writing = True
+                if not stream.write_now(message):
+                    await context.write(message)
+                stream.writing = False
+                on_sent(message)
         finally:
             gauge.dec()
             self.streams.discard(stream)
@@ -371,6 +422,14 @@ class PolicyService:
             log.warning("policy request refused", method=method, peer=context.peer(),
                         code=code.name, reason=str(error))
         await context.abort(code, str(error))
+
+
+def _outbound_change(change: ClusterChange) -> bool:
+    """Whether a change may change an outbound policy: a route, or a Service object
+    (its ports and annotations, or its coming and going as a route's backend). An
+    endpoint change is not one: a policy names its backends, not their endpoints."""
+    return bool(change.all_services or change.kinds & ROUTE_KINDS
+                or change.service_objects or change.namespaces)
 
 
 M = TypeVar("M", bound=Message)
