@@ -118,6 +118,7 @@ class H2Connection:
         self._recv_window = limits.connection_window  # what the client may still send
         self._recv_unacked = 0
         self._replies = 0  # control frames owed to a peer that is not reading
+        self._blocks_in_slice = 0  # header blocks handled in this call of process()
         now = clock()
         w = limits.window
         self._resets = RateBudget("resets", limits.max_resets, w)
@@ -160,14 +161,17 @@ class H2Connection:
         return len(self._buf)
 
     def process(self, max_bytes: int) -> bool:
-        """Handle the complete frames in the buffer, about `max_bytes` of them at most;
-        True when complete frames are left for another call."""
+        """Handle the complete frames in the buffer, about `max_bytes` of them at most
+        and at most `H2Limits.slice_requests` header blocks (a request costs far more
+        per byte than any other frame: a slice of nothing but requests would be
+        thousands); True when complete frames are left for another call."""
         buf = self._buf
         if self.terminated is not None:
             buf.clear()
             return False
         consumed = 0
         more = False
+        self._blocks_in_slice = 0
         try:
             if not self._preface and not self._read_preface(buf):
                 return False
@@ -177,7 +181,7 @@ class H2Connection:
                 self._on_frame(kind, flags, sid, payload)
                 if self.terminated is not None:
                     break
-                if consumed >= max_bytes:
+                if consumed >= max_bytes or self._blocks_in_slice >= self.limits.slice_requests:
                     more = len(buf) - consumed >= 9
                     break
         except f.FrameSizeError as e:
@@ -316,6 +320,7 @@ class H2Connection:
                                    f"header block above {self.limits.max_header_list} bytes")
 
     def _header_block(self, sid: int, flags: int, block: bytes, self_dependent: bool) -> None:
+        self._blocks_in_slice += 1
         try:
             # Decoded whatever becomes of the stream: HPACK's table must stay in step
             # with the client's (RFC 7541 §2.3.2); a block we cannot decode leaves it

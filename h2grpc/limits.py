@@ -65,6 +65,8 @@ class H2Limits:
 
     # Fairness between connections.
     read_slice: int = _knob(64 * 1024, "bytes of input handled per loop turn per connection")
+    slice_requests: int = _knob(100, "header blocks (requests) handled per loop turn per "
+                                "connection")
     write_high_water: int = _knob(4 << 20, "unsent bytes above which the server stops reading "
                                   "that peer")
 

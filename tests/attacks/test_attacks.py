@@ -110,10 +110,6 @@ ATTACKS: dict[str, Budget] = {
     "continuation-reconnect": Budget(goaway=CALM, repeat=3, args=("--connections", "100")),
     # 100 connections, each sending header blocks of 1,900 empty names
     "empty-names-reconnect": Budget(goaway=CALM, repeat=3, args=("--connections", "100")),
-    # 5,000 Get streams at window 0, then a connection WINDOW_UPDATE(+1) flood
-    "window-update-5000-streams": Budget(goaway=CALM, repeat=3),
-    # 5,000 Get streams at window 0, INITIAL_WINDOW_SIZE toggled 0 <-> 1, never reading
-    "settings-toggle-5000-unread": Budget(goaway=CALM, repeat=3),
     "zero-window-readers": Budget(seconds=3.0,
                                   args=("--connections", "20", "--target",
                                         "web.emojivoto.svc.cluster.local:80"),

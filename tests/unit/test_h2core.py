@@ -423,6 +423,17 @@ def test_the_concurrency_limit_answers_before_the_failed_request_budget() -> Non
     assert _goaway_reason(p) == (f.ENHANCE_YOUR_CALM, "failed_requests")
 
 
+def test_one_slice_handles_at_most_slice_requests_header_blocks() -> None:
+    p = Peer(H2Limits(slice_requests=100))
+    p.core.feed(b"".join(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1 + 2 * i,
+                                 header_block(REQUEST)) for i in range(250)))
+    assert p.core.process(1 << 20)  # more left for the next loop turn
+    assert len(p.events.requests) == 100
+    while p.core.process(1 << 20):
+        pass
+    assert len(p.events.requests) == 250
+
+
 def test_streams_refused_after_our_goaway_spend_no_budget() -> None:
     p = Peer(H2Limits(max_refused_streams=5, max_failed_requests=5, max_concurrent_streams=5))
     p.request()
