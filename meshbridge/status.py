@@ -97,11 +97,14 @@ def _from_admin(args: argparse.Namespace) -> list[dict[str, Any]]:
             from None
     except (OSError, ValueError) as e:
         answered = what_answers(args.admin, min(args.timeout, 2.0))
-        if "HTTP/1.1" in answered or answered.startswith("nothing"):
+        if answered.startswith("nothing"):
+            raise StatusError(f"--admin {args.admin}: {answered}") from None
+        if "HTTP/1.1" in answered:
             reason = getattr(e, "reason", None) or e
             raise StatusError(f"{url}: {reason}") from None
-        raise StatusError(f"--admin {args.admin}: {answered} answered, not meshbridge's "
-                          "admin port (HTTP/1.1); the gRPC address goes to --server") from None
+        hint = " (the gRPC address goes to --server)" if "HTTP/2" in answered else ""
+        raise StatusError(f"--admin {args.admin}: {answered} answered; expected "
+                          f"meshbridge's admin port (HTTP/1.1){hint}") from None
     try:
         parsed = json.loads(body)
     except ValueError:
@@ -138,12 +141,15 @@ async def _ask(args: argparse.Namespace, type_url: str,
 def _grpc_failure(server: str, error: grpc.aio.AioRpcError, timeout: float) -> str:
     if error.code() == grpc.StatusCode.UNAVAILABLE:
         answered = what_answers(server, min(timeout, 2.0))
+        if answered.startswith("nothing"):
+            return f"--server {server}: {answered}"
         if not answered.startswith(("an HTTP/2", "a TLS")):
-            hint = "; the admin address goes to --admin" if "HTTP/1.1" in answered else ""
-            return (f"--server {server}: {answered} answered, not meshbridge's gRPC port "
-                    f"(HTTP/2){hint}")
+            hint = " (the admin address goes to --admin)" if "HTTP/1.1" in answered else ""
+            return (f"--server {server}: {answered} answered; expected meshbridge's gRPC "
+                    f"port (HTTP/2){hint}")
     if error.code() == grpc.StatusCode.UNIMPLEMENTED:
-        return f"--server {server}: a gRPC server without xDS (ADS) answered: {error.details()}"
+        return (f"--server {server}: a gRPC server without xDS (ADS) answered; expected "
+                f"meshbridge's gRPC port: {error.details()}")
     return f"--server {server}: {error.code().name}: {error.details()}"
 
 
