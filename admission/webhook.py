@@ -188,28 +188,39 @@ class WebhookCertificate:
 
 class FileCertificate(WebhookCertificate):
     """From PEM files, reloaded when either changes (a Secret volume is updated in
-    place when the Secret is)."""
+    place when the Secret is). Files not there yet (the Secret is created after
+    meshbridge, by cert-manager say) are waited for: until then handshakes fail and
+    the API server applies the webhook's failurePolicy."""
 
     POLL = 10.0  # seconds between looks at the files
 
     def __init__(self, cert: Path, key: Path) -> None:
         super().__init__()
         self.cert, self.key = cert, key
-        self._stamp = self._mtimes()
-        self.context.load_cert_chain(cert, key)
+        self._stamp: tuple[float, float] | None = None
+        self.loaded = False
+        self._load()
+        if not self.loaded:
+            log.warning("webhook certificate not there yet; the webhook answers once it is",
+                        cert=str(cert), key=str(key))
 
-    def _mtimes(self) -> tuple[float, float]:
-        return self.cert.stat().st_mtime, self.key.stat().st_mtime
+    def _load(self) -> None:
+        try:
+            stamp = self.cert.stat().st_mtime, self.key.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if stamp != self._stamp:
+            self.context.load_cert_chain(self.cert, self.key)
+            self._stamp = stamp
+            if self.loaded:
+                log.info("webhook certificate reloaded", cert=str(self.cert))
+            self.loaded = True
 
     async def _keep_current(self) -> None:
         while True:
             await asyncio.sleep(self.POLL)  # a polling period, not synchronisation
             try:
-                stamp = self._mtimes()
-                if stamp != self._stamp:
-                    self.context.load_cert_chain(self.cert, self.key)
-                    self._stamp = stamp
-                    log.info("webhook certificate reloaded", cert=str(self.cert))
+                self._load()
             except (OSError, ssl.SSLError) as e:
                 log.error("webhook certificate reload failed", cert=str(self.cert),
                           error=str(e))
