@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import sys
 import urllib.error
@@ -95,7 +96,7 @@ def _from_admin(args: argparse.Namespace) -> list[dict[str, Any]]:
     except urllib.error.HTTPError as e:
         raise StatusError(f"{url}: {e.code} {e.read().decode(errors='replace').strip()}") \
             from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, http.client.HTTPException) as e:
         answered = what_answers(args.admin, min(args.timeout, 2.0))
         if answered.startswith("nothing"):
             raise StatusError(f"--admin {args.admin}: {answered}") from None
