@@ -6,9 +6,10 @@ once stored, so it is refused here. Then the rules Linkerd's policy controller
 applies at admission, which the decoders do not need to serve but which keep
 policies meaningful:
 
-* Server: another Server in the namespace already covers the same port for pods
-  this one selects (the same pod selector, or either selects every pod); an
-  `accessPolicy` that is not a default policy name;
+* Server: a port name that no container port could have; another Server in the
+  namespace already covers the same port for pods this one selects (the same pod
+  selector, or either selects every pod); an `accessPolicy` that is not a default
+  policy name;
 * AuthorizationPolicy: a target that is a Server, an HTTPRoute, a GRPCRoute or its
   own Namespace; at most one MeshTLSAuthentication, at most one ServiceAccount (and
   not both), at most one NetworkAuthentication, and no other kind, among the
@@ -52,6 +53,9 @@ _POLICY_TARGETS = frozenset({"Server", "HTTPRoute", "GRPCRoute", "Namespace"})
 _IDENTITY = re.compile(r"^(\*|(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*"
                        r"[a-z0-9])?)*)$")
 
+# A container port name (IANA service name): what a Server's named port must be.
+_PORT_NAME = re.compile(r"^(?=.{1,15}$)(?=.*[a-z])[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
 Check = Callable[[Any, Mapping[str, Any], Cluster], list[Problem]]
 
 
@@ -77,6 +81,9 @@ def validate_policy(raw: Mapping[str, Any], store_kind: str, cluster: Cluster) -
 
 def _server(server: Server, raw: Mapping[str, Any], cluster: Cluster) -> list[Problem]:
     out = []
+    if isinstance(server.port, str) and not _PORT_NAME.match(server.port):
+        out.append(Problem("spec.port", f"{server.port!r} is not a port name (at most 15 "
+                           "lower-case letters, digits and '-', with a letter)", "port"))
     if server.access_policy and server.access_policy not in ACCESS_POLICIES:
         out.append(Problem("spec.accessPolicy", f"{server.access_policy!r} is not one of "
                            f"{', '.join(sorted(ACCESS_POLICIES))}", "access_policy"))

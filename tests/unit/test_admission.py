@@ -92,6 +92,11 @@ def policy(kind: str, spec: dict[str, Any], name: str = "x",
 def test_a_server_with_a_bad_port_or_access_policy_is_refused() -> None:
     assert "spec.port: must be a port number or name" in refused(
         policy("Server", {"port": 0, "podSelector": {}}), "policy.linkerd.io", "Server")
+    assert "spec.port: 'Http_Port' is not a port name" in refused(
+        policy("Server", {"port": "Http_Port", "podSelector": {}}), "policy.linkerd.io",
+        "Server")
+    assert refused(policy("Server", {"port": "http-alt", "podSelector": {}}),
+                   "policy.linkerd.io", "Server") == ""
     assert "spec.accessPolicy: 'open' is not one of" in refused(
         policy("Server", {"port": 80, "podSelector": {}, "accessPolicy": "open"}),
         "policy.linkerd.io", "Server")
