@@ -17,7 +17,7 @@ from linkerd_api.identity import IdentityOptions
 from tests.conftest import AppFactory
 from tests.integration.test_admission_webhook import _pki
 
-REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+REVIEW: dict[str, Any] = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "u-7", "kind": {"group": "linkerd.io", "version": "v1alpha2",
                                              "kind": "ServiceProfile"},
                       "operation": "CREATE", "namespace": "shop",

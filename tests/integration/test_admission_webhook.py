@@ -72,9 +72,9 @@ def webhook_configuration(name: str, port: int, ca: bytes, label: str,
                           failure_policy: str = "Ignore") -> dict[str, Any]:
     """deploy/40-webhook.yaml, pointed at 127.0.0.1:`port` and at namespaces labelled
     `label` only (the API server is shared with other tests)."""
-    (vwc,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "40-webhook.yaml").read_text())
-              if d]
-    vwc = copy.deepcopy(vwc)
+    (found,) = [d for d in yaml.safe_load_all(
+        (REPO / "deploy" / "40-webhook.yaml").read_text()) if d]
+    vwc: dict[str, Any] = copy.deepcopy(found)
     vwc["metadata"]["name"] = name
     (hook,) = vwc["webhooks"]
     assert hook["failurePolicy"] == "Ignore"  # the default the manifest ships

@@ -60,6 +60,12 @@ def test_a_first_request_for_an_unserved_type_quoting_a_foreign_nonce_is_answere
     assert len(client.responses()) == 1
 
 
+def test_a_first_request_for_a_served_type_quoting_a_foreign_nonce_is_answered() -> None:
+    client = World().sotw()
+    client.request(CDS, [WEB], nonce="a nonce of the client's own")
+    assert client.names(CDS) == [WEB]
+
+
 def test_a_delta_first_request_quoting_a_foreign_nonce_is_answered_with_removals() -> None:
     client = DeltaClient(DeltaStream(World().cache))
     client.request(SECRET, ["cert"], nonce="not ours")
