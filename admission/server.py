@@ -58,7 +58,7 @@ class HttpsListener:
         self.max_body = max_body
         self.port = 0
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: set[asyncio.StreamWriter] = set()
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._connection, host, port,
@@ -71,17 +71,15 @@ class HttpsListener:
         if self._server is None:
             return
         self._server.close()
-        for task in list(self._connections):
-            task.cancel()
+        for writer in list(self._connections):
+            writer.close()  # its reader sees the end and returns
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), 2.0)
         self._server = None
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
+        self._connections.add(writer)
         try:
             while True:
                 reply, keep = await self._one(reader)
@@ -98,7 +96,7 @@ class HttpsListener:
         except (ConnectionError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError):
             return
         finally:
-            self._connections.discard(task)
+            self._connections.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)

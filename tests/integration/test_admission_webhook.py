@@ -6,6 +6,7 @@ and with meshbridge stopped creates still succeed (failurePolicy Ignore)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import datetime
@@ -167,7 +168,9 @@ async def test_bad_objects_are_refused_at_create_naming_the_field_and_good_ones_
     vwc = webhook_configuration(f"meshbridge-{ns}", app.service("admission").port, ca, ns)
     admission.create_validating_webhook_configuration(vwc)
     stopped = False
-    try:
+
+    def while_serving() -> None:
+        # In a thread: the API server calls back into this process's event loop.
         bad_sp = profile(f"web.{ns}.svc.cluster.local", {})
         # The API server takes the configuration up within moments; --dry-run=server
         # asks the webhook without storing anything.
@@ -201,6 +204,8 @@ async def test_bad_objects_are_refused_at_create_naming_the_field_and_good_ones_
         message = cluster.create(*SERVER, server("web-http-2", "deny"))
         assert f"spec.podSelector: Server {ns}/web-http already covers port 8080" in message
 
+    try:
+        await asyncio.to_thread(while_serving)
         metrics = app.metrics
         refused = metrics.get_sample_value("meshbridge_admission_reviews_total", {
             "kind": "linkerd.io/ServiceProfile", "result": "refused", "reason": "invalid"})
@@ -211,8 +216,9 @@ async def test_bad_objects_are_refused_at_create_naming_the_field_and_good_ones_
         # meshbridge stopped: failurePolicy Ignore admits what it would have refused.
         await app.stop(0.1)
         stopped = True
-        assert cluster.create(*SP, profile(f"api.{ns}.svc.cluster.local", {})) == ""
-        assert cluster.exists(*SP, f"api.{ns}.svc.cluster.local")
+        name = f"api.{ns}.svc.cluster.local"
+        assert await asyncio.to_thread(cluster.create, *SP, profile(name, {})) == ""
+        assert await asyncio.to_thread(cluster.exists, *SP, name)
     finally:
         admission.delete_validating_webhook_configuration(vwc["metadata"]["name"])
         if not stopped:
