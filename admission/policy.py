@@ -18,8 +18,9 @@ policies meaningful:
   Namespaces; identities that are names, `*`, or `*.` and a suffix;
 * NetworkAuthentication (and ServerAuthorization's networks): every exception
   inside its CIDR and smaller than it;
-* routes (Linkerd's HTTPRoute, the Gateway API's HTTPRoute and GRPCRoute): regular
-  expressions that compile, and a Service parent's port that the Service has.
+* routes (Linkerd's HTTPRoute, the Gateway API's HTTPRoute and GRPCRoute): every
+  problem the route model finds in one route (`bridge.routes`: what it would not
+  serve as written), and a Service parent's port that the Service has.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from bridge.model import ServiceKey
 from bridge.objects import KubeObject, ObjectError, Server, decode_object
 from bridge.policy_objects import (
     AuthorizationPolicy,
-    GrpcMatch,
-    HttpMatch,
     MeshTLSAuthentication,
     NetworkAuthentication,
     NetworkRule,
@@ -182,11 +181,10 @@ def _server_authz(authz: ServerAuthorization, raw: Mapping[str, Any],
 
 
 def _route(route: Route, raw: Mapping[str, Any], cluster: Cluster) -> list[Problem]:
-    out = []
-    for i, rule in enumerate(route.rules):
-        for j, match in enumerate(rule.matches):
-            where = f"spec.rules[{i}].matches[{j}]"
-            out += _regexes(match, where)
+    # What the route model refuses to serve as written (bridge/routes: RE2 regexes,
+    # filters, weights, timeouts, ...: its `validate_route` list), then a parent
+    # Service's port, which only the cluster's state can tell.
+    out = [Problem(p.path, p.rule, p.reason) for p in route.all_problems()]
     for i, parent in enumerate(route.parents):
         if parent.kind != "Service" or parent.group not in ("", "core"):
             continue
@@ -199,26 +197,6 @@ def _route(route: Route, raw: Mapping[str, Any], cluster: Cluster) -> list[Probl
             out.append(Problem(f"spec.parentRefs[{i}].port", f"Service {parent.namespace}/"
                                f"{parent.name} has no port {parent.port} (its ports: {ports})",
                                "parent_port"))
-    return out
-
-
-def _regexes(match: HttpMatch | GrpcMatch, where: str) -> list[Problem]:
-    patterns: list[tuple[str, str]] = []
-    if isinstance(match, HttpMatch) and match.path_type == "RegularExpression":
-        patterns.append((f"{where}.path.value", match.path))
-    for k, header in enumerate(match.headers):
-        if header.regex:
-            patterns.append((f"{where}.headers[{k}].value", header.value))
-    if isinstance(match, HttpMatch):
-        for k, param in enumerate(match.query_params):
-            if param.regex:
-                patterns.append((f"{where}.queryParams[{k}].value", param.value))
-    out = []
-    for path, pattern in patterns:
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            out.append(Problem(path, f"{pattern!r} is not a regular expression: {e}", "regex"))
     return out
 
 

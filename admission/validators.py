@@ -2,9 +2,8 @@
 AdmissionRequest names. A kind not in the table is not meshbridge's: the webhook
 admits it with a warning.
 
-The Gateway API's routes are checked by `admission.policy` (their serving decoder
-and a few rules) until the route model (bridge/routes) has its own per-route
-validation; it replaces them here with `Validators.register`, nothing else changes.
+A kind's validator can be replaced with `Validators.register` (a test, or another
+layer that reads a kind of its own).
 """
 
 from __future__ import annotations
