@@ -146,7 +146,12 @@ class AdmissionWebhook:
         self.listener = HttpsListener(self.handle, self.certificate.context,
                                       max_body=self.options.max_body)
         host, port = split_listen_address(self.options.listen)
-        self.port = await self.listener.start(host, port)
+        try:
+            self.port = await self.listener.start(host, port)
+        except OSError as e:
+            # The start-up error names this flag, not the gRPC or admin one.
+            e.listen_flag = ("--webhook-listen", self.options.listen)  # type: ignore[attr-defined]
+            raise
         self.certificate.start()
         log.info("serving the admission webhook", port=self.port, path=self.listener.path,
                  kinds=len(self.validators.kinds()))

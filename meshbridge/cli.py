@@ -208,7 +208,8 @@ async def _serve(args: argparse.Namespace) -> int:
         await app.start(wait_synced=False)
     except OSError as e:
         # Which port: the gRPC one is bound first, so no admin port means the gRPC one.
-        flag, addr = ("--admin", args.admin) if app.grpc_port else ("--listen", args.listen)
+        flag, addr = getattr(e, "listen_flag", None) or (
+            ("--admin", args.admin) if app.grpc_port else ("--listen", args.listen))
         log.error(describe_os_error(flag, addr, e))
         await app.stop(0)
         return 1
