@@ -9,8 +9,6 @@ not served."""
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import json
 import subprocess
 import sys
@@ -20,10 +18,6 @@ from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from bridge.sources.files import FilesSource
@@ -35,6 +29,7 @@ from tests.conftest import AppFactory
 from tests.integration import kubeapi
 from tests.integration.envoy import Envoy, envoy_binary
 from tests.integration.kubeapi import KubeAPIServer
+from tests.integration.test_grpc_port import _cert, _key_pem, _pem
 from tests.integration.test_xds_proxyless import Probe, start_backends, start_probe
 from tests.integration.xds_helpers import Manifests, service_with_addresses
 from tests.polling import eventually
@@ -219,43 +214,18 @@ async def test_proxy_config_reads_what_meshbridge_gives_of_one_proxy(
 # ---------------------------------------------------------------------- TLS
 
 
-def _issue(name: str, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
-           ca: bool = False) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    issuer_name, issuer_key = issuer or (subject, key)
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(hours=2))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False)
-    return builder.sign(issuer_key, hashes.SHA256()), key
-
-
-def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey | None = None,
-           key_path: Path | None = None) -> None:
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    if key is not None and key_path is not None:
-        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-
-
 async def test_proxy_status_over_mtls_and_refused_where_debug_answers_are_not_served(
         istioctl: str, kubeconfig: Path, tmp_path: Path, demo_dir: Path) -> None:
-    ca, ca_key = _issue("test-ca", None, ca=True)
-    server, server_key = _issue("meshbridge", (ca.subject, ca_key))
-    client, client_key = _issue("istioctl", (ca.subject, ca_key))
+    ca, ca_key = _cert("test-ca", None, ca=True)
+    server, server_key = _cert("localhost", (ca.subject, ca_key))  # for the name localhost
+    client, client_key = _cert("istioctl", (ca.subject, ca_key))
     certs = tmp_path / "certs"  # istioctl's --cert-dir layout
     certs.mkdir()
-    _write(certs / "root-cert.pem", ca)
-    _write(certs / "cert-chain.pem", client, client_key, certs / "key.pem")
-    _write(tmp_path / "server.pem", server, server_key, tmp_path / "server-key.pem")
+    (certs / "root-cert.pem").write_bytes(_pem(ca))
+    (certs / "cert-chain.pem").write_bytes(_pem(client))
+    (certs / "key.pem").write_bytes(_key_pem(client_key))
+    (tmp_path / "server.pem").write_bytes(_pem(server))
+    (tmp_path / "server-key.pem").write_bytes(_key_pem(server_key))
 
     async def serve(access: str) -> App:
         app = App(FilesSource(demo_dir, poll_interval=0.05), options=ServeOptions(
@@ -281,7 +251,8 @@ async def test_proxy_status_over_mtls_and_refused_where_debug_answers_are_not_se
         await ads.write(discovery_pb2.DiscoveryRequest(
             type_url=rt.CLUSTER, resource_names=list(request.resource_names),
             version_info=resp.version_info, response_nonce=resp.nonce))
-        tls = ["--xds-address", f"127.0.0.1:{app.grpc_port}", "--cert-dir", str(certs)]
+        tls = ["--xds-address", f"127.0.0.1:{app.grpc_port}", "--cert-dir", str(certs),
+               "--authority", "localhost"]
 
         async def listed() -> bool:
             out = await asyncio.to_thread(run, istioctl, kubeconfig, "proxy-status", "-v",
@@ -300,7 +271,8 @@ async def test_proxy_status_over_mtls_and_refused_where_debug_answers_are_not_se
     try:
         out = await asyncio.to_thread(run, istioctl, kubeconfig, "proxy-status",
                                       "--xds-address", f"127.0.0.1:{app.grpc_port}",
-                                      "--cert-dir", str(certs), "--timeout", "60s")
+                                      "--cert-dir", str(certs), "--authority", "localhost",
+                                      "--timeout", "60s")
         assert out.returncode != 0
         assert "PermissionDenied" in out.stderr and "istio.io/debug/syncz" in out.stderr, \
             out.stderr
