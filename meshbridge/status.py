@@ -31,12 +31,11 @@ from google.protobuf import json_format
 
 from meshbridge.client_tls import add_tls_arguments, aio_channel
 from meshbridge.probe import what_answers
-from xds_api import resources as _resources
 
 # The types meshbridge's resources carry inside Any fields (HttpProtocolOptions, the
 # HttpConnectionManager, the router filter) are registered by the module that encodes
 # them: a config dump prints as JSON only if every Any in it is known.
-assert _resources.encode_resource
+from xds_api import resources  # noqa: F401
 
 DEFAULT_SERVER = "127.0.0.1:8086"
 SYNCZ = "istio.io/debug/syncz"
