@@ -157,6 +157,8 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         check_listen_address("--listen", args.listen)
         check_listen_address("--admin", args.admin)
+        if getattr(args, "webhook_listen", ""):  # the admission layer's own listener
+            check_listen_address("--webhook-listen", args.webhook_listen)
     except StartupError as e:
         log.error(str(e))
         if args.debug:
