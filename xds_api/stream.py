@@ -13,7 +13,8 @@ reader gets the latest state once it catches up, and memory per stream stays bou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import structlog
@@ -79,6 +80,9 @@ MAX_OTHER_TYPES = 16
 DEBUG_TYPE = "istio.io/debug"
 # Node metadata shown to operators (istioctl proxy-status reads these three).
 NODE_LABELS = ("NAMESPACE", "CLUSTER_ID", "ISTIO_VERSION")
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def is_debug_type(type_url: str) -> bool:
@@ -183,7 +187,9 @@ class XdsStream:
         # id, for logs: an Envoy node lists every extension it has, kilobytes each).
         self.node_id = ""
         self.node_name = ""
-        self.node_labels: dict[str, str] = {}  # NODE_LABELS the node's metadata has
+        # NODE_LABELS the node's metadata has; the shared empty mapping until it has one
+        # (thousands of streams: no dict each for what most never fill).
+        self.node_labels: Mapping[str, str] = _EMPTY
         self.leds = ""  # the node's LEDS preference (§7)
         # Which routes it is sent: its kind and namespace (xds_api.node_identity).
         self.client = node_identity.ENVOY
@@ -194,7 +200,7 @@ class XdsStream:
         self._unknown: list[bytes] = []
         # §9.1: each type asked for that is not served -> (nonce of its last answer,
         # the names that answer was for).
-        self.others: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.others: Mapping[str, tuple[str, tuple[str, ...]]] = _EMPTY
         self.debug = debug
         self._closed = False
 
@@ -288,10 +294,13 @@ class XdsStream:
             meta = req.node.metadata.fields.get(NODE_NAME_METADATA)
             if meta is not None and meta.HasField("string_value"):
                 self.node_name = meta.string_value[:253]
+            labels = {}
             for key in NODE_LABELS:
                 value = req.node.metadata.fields.get(key)
                 if value is not None and value.HasField("string_value"):
-                    self.node_labels[key] = value.string_value[:253]
+                    labels[key] = value.string_value[:253]
+            if labels:
+                self.node_labels = labels
             leds = req.node.metadata.fields.get(LEDS_METADATA)
             if leds is not None and leds.string_value in (LEDS_ALWAYS, LEDS_NEVER):
                 self.leds = leds.string_value
@@ -390,7 +399,7 @@ class XdsStream:
             log.info("xds request for an unserved type", node=self.node_id, type=type_url)
         sent = self._next_nonce()
         # Recorded first: a stream asking for syncz is itself a debug client in it.
-        self.others[type_url] = (sent, names)
+        self.others = {**self.others, type_url: (sent, names)}  # at most 16: copied
         reply = self.debug.answer(self, type_url, names) if self.debug and debug else ((), "")
         return sent, reply
 
