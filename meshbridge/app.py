@@ -120,7 +120,7 @@ class App:
         self.config = config or MeshConfig()
         self.options = options or ServeOptions()
         self.source = source
-        self.cluster = Cluster()
+        self.cluster = Cluster(self.config.local_cluster())
         self.metrics = registry or prometheus_client.CollectorRegistry()
         self.views = ViewRegistry(self.cluster, self.config, ViewMetrics(self.metrics))
         if registry is None:

@@ -488,7 +488,7 @@ class KubeSource:
             gauge = prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
                                             f"Number of {s.kind} objects in the cache",
                                             ["cluster"], registry=self._metrics)
-            gauge.labels("local").set_function(functools.partial(_count, cluster, s.kind))
+            gauge.labels(cluster.name).set_function(functools.partial(_count, cluster, s.kind))
 
 
 def _count(cluster: Cluster, kind: str) -> float:

@@ -48,7 +48,7 @@ class View:
     def __init__(self, key: ViewKey, cluster: Cluster, config: MeshConfig,
                  metrics: ViewMetrics | None = None) -> None:
         self.key = key
-        self._cluster = cluster
+        self.cluster = cluster  # where its endpoints come from (its port publisher's)
         self._config = config
         self._metrics = metrics
         self.version = 0
@@ -227,10 +227,10 @@ class View:
 
     def _read_rules(self) -> _Rules:
         fk = self.key.filter
-        node_zone = self._cluster.node_zone(fk.node_name) if fk.node_name else ""
+        node_zone = self.cluster.node_zone(fk.node_name) if fk.node_name else ""
         local_only = hinted = False
         if fk.filtering:
-            svc = self._cluster.services.get(self.key.service)
+            svc = self.cluster.services.get(self.key.service)
             local_only = svc is not None and svc.internal_traffic_local
             hinted = not local_only
         return _Rules(node_zone, local_only, hinted)
@@ -243,7 +243,7 @@ class View:
         the subscriber: zone locality and weight. An endpoint resolved as in `previous`
         is that very object, so the diff can compare by identity."""
         fk = self.key.filter
-        cluster, config = self._cluster, self._config
+        cluster, config = self.cluster, self._config
         cands = list(available.values())
         if fk.hostname:
             cands = [e for e in cands if e.hostname == fk.hostname]
