@@ -82,13 +82,6 @@ def install(app: App) -> None:
         200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)]))
 
 
-class _Probe:
-    """A subscriber that only holds a View open while the page renders it."""
-
-    def on_view_change(self, view: View, change: Any) -> None:
-        pass
-
-
 def _endpoints(app: App, req: Request) -> Response:
     unknown = set(req.query) - _ENDPOINTS_PARAMS
     if unknown:
@@ -107,15 +100,14 @@ def _endpoints(app: App, req: Request) -> Response:
     node = req.query.get("node", [""])[0]
     key = ViewKey(key.service, key.port, FilterKey(node_name=node,
                                                    hostname=key.filter.hostname))
-    probe = _Probe()
+    # Read-only: the View clients share if the target is watched, else one made for
+    # this page alone; each renderer encodes afresh and keeps nothing, so no client's
+    # version, no metric and no subscriber count moves.
     try:
-        view = app.views.subscribe(key, probe, "debug")
+        view = app.views.peek(key)
     except LookupError as e:
         return Response.text(400, str(e))
-    try:
-        rendered = {name: render(view) for name, render in sorted(app.renderers.items())}
-    finally:
-        app.views.unsubscribe(key, probe)
+    rendered = {name: render(view) for name, render in sorted(app.renderers.items())}
     addresses = {name: set(eps) for name, (eps, _) in rendered.items()}
     union = set().union(*addresses.values()) if addresses else set()
     differences = {

@@ -278,8 +278,7 @@ class XdsService:
     def render_view(self, view: View) -> tuple[dict[str, dict[str, Any]], Any]:
         """The View as xDS clients get it, for /debug/endpoints: the CLA's endpoints
         keyed by "ip:port", and the CLA as proto-JSON."""
-        name = view.key.authority(self.cache.cluster_domain)
-        res = self.cache.cla_of(view, name)
+        res = self.cache.endpoints.preview(view)
         cla = endpoint_pb2.ClusterLoadAssignment()
         any_msg = any_pb2.Any.FromString(res.any_bytes)
         any_msg.Unpack(cla)
