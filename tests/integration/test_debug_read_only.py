@@ -41,7 +41,7 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def _count(version: str) -> int:
-    return int(version.rsplit("-", 1)[1])  # `<server prefix>-<count>` (§1.2)
+    return int(version.rsplit("-", 1)[1])  # `<server prefix>-<count>` (xDS §1.2)
 
 
 async def test_debug_reads_move_no_client_version_metric_or_subscriber(
