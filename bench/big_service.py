@@ -143,6 +143,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     delta EDS), and the LEDS resources of one LEDS subscriber."""
     import gc
 
+    from bridge.authority import view_authority
     from bridge.cluster import Cluster, Event, EventType
     from bridge.model import MeshConfig, ServiceKey, ViewKey
     from bridge.views import ViewRegistry
@@ -161,7 +162,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     registry = ViewRegistry(cluster, config)
     cluster.apply(Event(EventType.ADDED, o) for o in sim.initial_objects())
     key = ViewKey(ServiceKey("ns-0", "svc-0"), 8080)
-    name = key.authority(config.cluster_domain)
+    name = view_authority(key, config.cluster_domain)
     linkerd = _Linkerd(UpdateEncoder(Translator(config), "proto"))
     view = registry.subscribe(key, linkerd, "bench")
 

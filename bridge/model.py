@@ -52,13 +52,6 @@ class ViewKey:
     port: int
     filter: FilterKey = field(default_factory=FilterKey)
 
-    def authority(self, cluster_domain: str) -> str:
-        """The one name of this View (`bridge.authority.format_authority`)."""
-        # bridge.authority reads this module's types, so it is imported here, not above.
-        from bridge.authority import format_authority
-
-        return format_authority(self.service, self.port, cluster_domain, self.filter.hostname)
-
 
 @dataclass(frozen=True, slots=True, order=True)
 class EndpointId:

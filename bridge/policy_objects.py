@@ -3,8 +3,8 @@ into frozen values like every other kind (bridge.objects).
 
 Protocol neutral: these say what the objects mean (which Service port a route is
 attached to, which clients an authorization admits), not how any API encodes it.
-`bridge.objects` registers `DECODERS` and `TOMBSTONES` with its own, so every source
-decodes these kinds without knowing of them.
+Its `KINDS` join the core's in `bridge.objects`' kind registry (`bridge.kinds`), so
+every source decodes these kinds without knowing of them.
 
 Store kinds: the Gateway API's HTTPRoute is kept as "GatewayHTTPRoute" because
 Linkerd's own policy.linkerd.io HTTPRoute has the same kind name, and the cache keys
@@ -16,12 +16,24 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Imported first, this module has bridge.objects import it back (partly initialised,
-# which is enough: bridge.objects reads this module's names only when it decodes).
-from bridge import objects as _o
-from bridge.objects import Labels, Meta, ObjectError
+from bridge.decoding import (
+    Labels,
+    Meta,
+    ObjectError,
+    as_bool,
+    as_list,
+    as_map,
+    as_port,
+    as_str,
+    as_str_map,
+    decode_meta,
+)
+from bridge.kinds import Kind
+
+if TYPE_CHECKING:
+    from bridge.objects import Server
 
 LINKERD_POLICY_GROUP = "policy.linkerd.io"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
@@ -144,7 +156,7 @@ class ServerAuthorization:
     service_accounts: tuple[tuple[str, str], ...]  # (namespace or "", name)
     kind: str = "ServerAuthorization"
 
-    def selects(self, server: _o.Server) -> bool:
+    def selects(self, server: Server) -> bool:
         if self.server_name:
             return self.server_name == server.meta.name
         if self.server_selector is None:
@@ -183,90 +195,90 @@ POLICY_KINDS = ROUTE_KINDS | AUTH_KINDS
 
 
 def _ctx(raw: Mapping[str, Any], kind: str) -> tuple[Meta, str, Mapping[str, Any]]:
-    meta = _o._meta(raw, kind, True)
+    meta = decode_meta(raw, kind, True)
     n = f"{meta.namespace}/{meta.name}"
-    return meta, n, _o._map(raw.get("spec"), kind, n, "spec")
+    return meta, n, as_map(raw.get("spec"), kind, n, "spec")
 
 
 def _opt_port(raw: Any, kind: str, n: str, path: str) -> int | None:
-    return None if raw is None else _o._port(raw, kind, n, path)
+    return None if raw is None else as_port(raw, kind, n, path)
 
 
 def _values(raw: Any, kind: str, n: str, path: str) -> tuple[ValueMatch, ...]:
     out = []
-    for i, h in enumerate(_o._list(raw, kind, n, path)):
-        h = _o._map(h, kind, n, f"{path}[{i}]")
-        kind_of = _o._str(h.get("type"), kind, n, f"{path}[{i}].type", "Exact")
+    for i, h in enumerate(as_list(raw, kind, n, path)):
+        h = as_map(h, kind, n, f"{path}[{i}]")
+        kind_of = as_str(h.get("type"), kind, n, f"{path}[{i}].type", "Exact")
         if kind_of not in ("Exact", "RegularExpression"):
             raise ObjectError(kind, n, f"{path}[{i}].type {kind_of!r} is not supported")
-        out.append(ValueMatch(_o._str(h.get("name"), kind, n, f"{path}[{i}].name"),
-                              _o._str(h.get("value"), kind, n, f"{path}[{i}].value"),
+        out.append(ValueMatch(as_str(h.get("name"), kind, n, f"{path}[{i}].name"),
+                              as_str(h.get("value"), kind, n, f"{path}[{i}].value"),
                               kind_of == "RegularExpression"))
     return tuple(out)
 
 
 def _http_match(raw: Any, kind: str, n: str, path: str) -> HttpMatch:
-    m = _o._map(raw, kind, n, path)
-    p = _o._map(m.get("path"), kind, n, f"{path}.path")
-    path_type = _o._str(p.get("type"), kind, n, f"{path}.path.type", "PathPrefix")
+    m = as_map(raw, kind, n, path)
+    p = as_map(m.get("path"), kind, n, f"{path}.path")
+    path_type = as_str(p.get("type"), kind, n, f"{path}.path.type", "PathPrefix")
     if path_type not in ("Exact", "PathPrefix", "RegularExpression"):
         raise ObjectError(kind, n, f"{path}.path.type {path_type!r} is not supported")
     return HttpMatch(
-        path_type, _o._str(p.get("value"), kind, n, f"{path}.path.value", "/"),
+        path_type, as_str(p.get("value"), kind, n, f"{path}.path.value", "/"),
         _values(m.get("headers"), kind, n, f"{path}.headers"),
         _values(m.get("queryParams"), kind, n, f"{path}.queryParams"),
-        _o._str(m.get("method"), kind, n, f"{path}.method"))
+        as_str(m.get("method"), kind, n, f"{path}.method"))
 
 
 def _grpc_match(raw: Any, kind: str, n: str, path: str) -> GrpcMatch:
-    m = _o._map(raw, kind, n, path)
-    method = _o._map(m.get("method"), kind, n, f"{path}.method")
-    return GrpcMatch(_o._str(method.get("service"), kind, n, f"{path}.method.service"),
-                     _o._str(method.get("method"), kind, n, f"{path}.method.method"),
+    m = as_map(raw, kind, n, path)
+    method = as_map(m.get("method"), kind, n, f"{path}.method")
+    return GrpcMatch(as_str(method.get("service"), kind, n, f"{path}.method.service"),
+                     as_str(method.get("method"), kind, n, f"{path}.method.method"),
                      _values(m.get("headers"), kind, n, f"{path}.headers"))
 
 
 def _backend(raw: Any, kind: str, n: str, ns: str, path: str) -> BackendRef:
-    b = _o._map(raw, kind, n, path)
+    b = as_map(raw, kind, n, path)
     weight = b.get("weight", 1)
     if isinstance(weight, bool) or not isinstance(weight, int) or weight < 0:
         raise ObjectError(kind, n, f"{path}.weight must be a whole number >= 0")
     return BackendRef(
-        _o._str(b.get("group"), kind, n, f"{path}.group"),
-        _o._str(b.get("kind"), kind, n, f"{path}.kind", "Service"),
-        _o._str(b.get("name"), kind, n, f"{path}.name"),
-        _o._str(b.get("namespace"), kind, n, f"{path}.namespace") or ns,
+        as_str(b.get("group"), kind, n, f"{path}.group"),
+        as_str(b.get("kind"), kind, n, f"{path}.kind", "Service"),
+        as_str(b.get("name"), kind, n, f"{path}.name"),
+        as_str(b.get("namespace"), kind, n, f"{path}.namespace") or ns,
         _opt_port(b.get("port"), kind, n, f"{path}.port"), weight)
 
 
 def _route(raw: Mapping[str, Any], store_kind: str, group: str, route_kind: str) -> Route:
     meta, n, spec = _ctx(raw, route_kind)
     parents = []
-    for i, p in enumerate(_o._list(spec.get("parentRefs"), route_kind, n, "spec.parentRefs")):
-        p = _o._map(p, route_kind, n, f"spec.parentRefs[{i}]")
+    for i, p in enumerate(as_list(spec.get("parentRefs"), route_kind, n, "spec.parentRefs")):
+        p = as_map(p, route_kind, n, f"spec.parentRefs[{i}]")
         parents.append(ParentRef(
-            _o._str(p.get("group"), route_kind, n, f"spec.parentRefs[{i}].group",
+            as_str(p.get("group"), route_kind, n, f"spec.parentRefs[{i}].group",
                     GATEWAY_GROUP),
-            _o._str(p.get("kind"), route_kind, n, f"spec.parentRefs[{i}].kind", "Gateway"),
-            _o._str(p.get("name"), route_kind, n, f"spec.parentRefs[{i}].name"),
-            _o._str(p.get("namespace"), route_kind, n, f"spec.parentRefs[{i}].namespace")
+            as_str(p.get("kind"), route_kind, n, f"spec.parentRefs[{i}].kind", "Gateway"),
+            as_str(p.get("name"), route_kind, n, f"spec.parentRefs[{i}].name"),
+            as_str(p.get("namespace"), route_kind, n, f"spec.parentRefs[{i}].namespace")
             or meta.namespace,
             _opt_port(p.get("port"), route_kind, n, f"spec.parentRefs[{i}].port")))
     matcher = _grpc_match if route_kind == "GRPCRoute" else _http_match
     rules = []
-    for i, r in enumerate(_o._list(spec.get("rules"), route_kind, n, "spec.rules")):
-        r = _o._map(r, route_kind, n, f"spec.rules[{i}]")
+    for i, r in enumerate(as_list(spec.get("rules"), route_kind, n, "spec.rules")):
+        r = as_map(r, route_kind, n, f"spec.rules[{i}]")
         path = f"spec.rules[{i}]"
         rules.append(RouteRule(
             tuple(matcher(m, route_kind, n, f"{path}.matches[{j}]")
-                  for j, m in enumerate(_o._list(r.get("matches"), route_kind, n,
+                  for j, m in enumerate(as_list(r.get("matches"), route_kind, n,
                                                  f"{path}.matches"))),
             tuple(_backend(b, route_kind, n, meta.namespace, f"{path}.backendRefs[{j}]")
-                  for j, b in enumerate(_o._list(r.get("backendRefs"), route_kind, n,
+                  for j, b in enumerate(as_list(r.get("backendRefs"), route_kind, n,
                                                  f"{path}.backendRefs")))))
-    hostnames = tuple(_o._str(h, route_kind, n, "spec.hostnames")
-                      for h in _o._list(spec.get("hostnames"), route_kind, n, "spec.hostnames"))
-    md = _o._map(raw.get("metadata"), route_kind, n, "metadata")
+    hostnames = tuple(as_str(h, route_kind, n, "spec.hostnames")
+                      for h in as_list(spec.get("hostnames"), route_kind, n, "spec.hostnames"))
+    md = as_map(raw.get("metadata"), route_kind, n, "metadata")
     created = md.get("creationTimestamp")
     return Route(meta, group, route_kind, tuple(parents), hostnames, tuple(rules),
                  str(created) if created else "", kind=store_kind)
@@ -282,11 +294,11 @@ def _decode_http_route(raw: Mapping[str, Any]) -> Route:
 
 
 def _ref(raw: Any, kind: str, n: str, path: str, group: str = "") -> ObjectRef:
-    r = _o._map(raw, kind, n, path)
-    return ObjectRef(_o._str(r.get("group"), kind, n, f"{path}.group", group),
-                     _o._str(r.get("kind"), kind, n, f"{path}.kind"),
-                     _o._str(r.get("name"), kind, n, f"{path}.name"),
-                     _o._str(r.get("namespace"), kind, n, f"{path}.namespace"))
+    r = as_map(raw, kind, n, path)
+    return ObjectRef(as_str(r.get("group"), kind, n, f"{path}.group", group),
+                     as_str(r.get("kind"), kind, n, f"{path}.kind"),
+                     as_str(r.get("name"), kind, n, f"{path}.name"),
+                     as_str(r.get("namespace"), kind, n, f"{path}.namespace"))
 
 
 def _decode_authorization_policy(raw: Mapping[str, Any]) -> AuthorizationPolicy:
@@ -297,13 +309,13 @@ def _decode_authorization_policy(raw: Mapping[str, Any]) -> AuthorizationPolicy:
         raise ObjectError(kind, n, "spec.targetRef.kind is missing")
     required = tuple(
         _ref(r, kind, n, f"spec.requiredAuthenticationRefs[{i}]")
-        for i, r in enumerate(_o._list(spec.get("requiredAuthenticationRefs"), kind, n,
+        for i, r in enumerate(as_list(spec.get("requiredAuthenticationRefs"), kind, n,
                                        "spec.requiredAuthenticationRefs")))
     return AuthorizationPolicy(meta, target, required)
 
 
 def _cidr(raw: Any, kind: str, n: str, path: str) -> str:
-    text = _o._str(raw, kind, n, path)
+    text = as_str(raw, kind, n, path)
     try:
         return str(ipaddress.ip_network(text, strict=False))
     except ValueError:
@@ -312,45 +324,45 @@ def _cidr(raw: Any, kind: str, n: str, path: str) -> str:
 
 def _networks(raw: Any, kind: str, n: str, path: str) -> tuple[NetworkRule, ...]:
     out = []
-    for i, net in enumerate(_o._list(raw, kind, n, path)):
-        net = _o._map(net, kind, n, f"{path}[{i}]")
+    for i, net in enumerate(as_list(raw, kind, n, path)):
+        net = as_map(net, kind, n, f"{path}[{i}]")
         out.append(NetworkRule(
             _cidr(net.get("cidr"), kind, n, f"{path}[{i}].cidr"),
             tuple(_cidr(e, kind, n, f"{path}[{i}].except")
-                  for e in _o._list(net.get("except"), kind, n, f"{path}[{i}].except"))))
+                  for e in as_list(net.get("except"), kind, n, f"{path}[{i}].except"))))
     return tuple(out)
 
 
 def _decode_server_authorization(raw: Mapping[str, Any]) -> ServerAuthorization:
     kind = "ServerAuthorization"
     meta, n, spec = _ctx(raw, kind)
-    server = _o._map(spec.get("server"), kind, n, "spec.server")
+    server = as_map(spec.get("server"), kind, n, "spec.server")
     selector: dict[str, str] | None = None
     if server.get("selector") is not None:
-        selector = _o._str_map(
-            _o._map(server.get("selector"), kind, n, "spec.server.selector").get("matchLabels"),
+        selector = as_str_map(
+            as_map(server.get("selector"), kind, n, "spec.server.selector").get("matchLabels"),
             kind, n, "spec.server.selector.matchLabels")
-    name = _o._str(server.get("name"), kind, n, "spec.server.name")
+    name = as_str(server.get("name"), kind, n, "spec.server.name")
     if not name and selector is None:
         raise ObjectError(kind, n, "spec.server needs a name or a selector")
-    client = _o._map(spec.get("client"), kind, n, "spec.client")
+    client = as_map(spec.get("client"), kind, n, "spec.client")
     mtls_raw = client.get("meshTLS")
-    mtls = _o._map(mtls_raw, kind, n, "spec.client.meshTLS")
+    mtls = as_map(mtls_raw, kind, n, "spec.client.meshTLS")
     accounts = []
-    for i, sa in enumerate(_o._list(mtls.get("serviceAccounts"), kind, n,
+    for i, sa in enumerate(as_list(mtls.get("serviceAccounts"), kind, n,
                                     "spec.client.meshTLS.serviceAccounts")):
-        sa = _o._map(sa, kind, n, f"spec.client.meshTLS.serviceAccounts[{i}]")
-        accounts.append((_o._str(sa.get("namespace"), kind, n, "serviceAccounts.namespace"),
-                         _o._str(sa.get("name"), kind, n, "serviceAccounts.name")))
+        sa = as_map(sa, kind, n, f"spec.client.meshTLS.serviceAccounts[{i}]")
+        accounts.append((as_str(sa.get("namespace"), kind, n, "serviceAccounts.namespace"),
+                         as_str(sa.get("name"), kind, n, "serviceAccounts.name")))
     return ServerAuthorization(
         meta, name, selector,
         _networks(client.get("networks"), kind, n, "spec.client.networks"),
-        _o._bool(client.get("unauthenticated"), kind, n, "spec.client.unauthenticated", False),
+        as_bool(client.get("unauthenticated"), kind, n, "spec.client.unauthenticated", False),
         mtls_raw is not None,
-        _o._bool(mtls.get("unauthenticatedTLS"), kind, n,
+        as_bool(mtls.get("unauthenticatedTLS"), kind, n,
                  "spec.client.meshTLS.unauthenticatedTLS", False),
-        tuple(_o._str(i, kind, n, "spec.client.meshTLS.identities")
-              for i in _o._list(mtls.get("identities"), kind, n,
+        tuple(as_str(i, kind, n, "spec.client.meshTLS.identities")
+              for i in as_list(mtls.get("identities"), kind, n,
                                 "spec.client.meshTLS.identities")),
         tuple(accounts))
 
@@ -358,10 +370,10 @@ def _decode_server_authorization(raw: Mapping[str, Any]) -> ServerAuthorization:
 def _decode_meshtls(raw: Mapping[str, Any]) -> MeshTLSAuthentication:
     kind = "MeshTLSAuthentication"
     meta, n, spec = _ctx(raw, kind)
-    identities = tuple(_o._str(i, kind, n, "spec.identities")
-                       for i in _o._list(spec.get("identities"), kind, n, "spec.identities"))
+    identities = tuple(as_str(i, kind, n, "spec.identities")
+                       for i in as_list(spec.get("identities"), kind, n, "spec.identities"))
     refs = tuple(_ref(r, kind, n, f"spec.identityRefs[{i}]")
-                 for i, r in enumerate(_o._list(spec.get("identityRefs"), kind, n,
+                 for i, r in enumerate(as_list(spec.get("identityRefs"), kind, n,
                                                 "spec.identityRefs")))
     if not identities and not refs:
         raise ObjectError(kind, n, "names no identities (spec.identities, spec.identityRefs)")
@@ -377,29 +389,25 @@ def _decode_network_authn(raw: Mapping[str, Any]) -> NetworkAuthentication:
     return NetworkAuthentication(meta, networks)
 
 
-DECODERS: dict[str, Callable[[Mapping[str, Any]], PolicyObject]] = {
-    "HTTPRoute": _decode_http_route,
-    "GatewayHTTPRoute": lambda raw: _route(raw, "GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute"),
-    "GRPCRoute": lambda raw: _route(raw, "GRPCRoute", GATEWAY_GROUP, "GRPCRoute"),
-    "AuthorizationPolicy": _decode_authorization_policy,
-    "ServerAuthorization": _decode_server_authorization,
-    "MeshTLSAuthentication": _decode_meshtls,
-    "NetworkAuthentication": _decode_network_authn,
-}
-
-
 def _route_stub(kind: str, group: str, route_kind: str) -> Callable[[Meta], PolicyObject]:
     return lambda meta: Route(meta, group, route_kind, (), (), (), kind=kind)
 
 
-# Key-only objects, for deleting what the cache holds when an object no longer decodes.
-TOMBSTONES: dict[str, Callable[[Meta], PolicyObject]] = {
-    "HTTPRoute": _route_stub("HTTPRoute", LINKERD_POLICY_GROUP, "HTTPRoute"),
-    "GatewayHTTPRoute": _route_stub("GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute"),
-    "GRPCRoute": _route_stub("GRPCRoute", GATEWAY_GROUP, "GRPCRoute"),
-    "AuthorizationPolicy": lambda m: AuthorizationPolicy(m, ObjectRef("", "", "", ""), ()),
-    "ServerAuthorization": lambda m: ServerAuthorization(m, "", None, (), False, False, False,
-                                                          (), ()),
-    "MeshTLSAuthentication": lambda m: MeshTLSAuthentication(m, (), ()),
-    "NetworkAuthentication": lambda m: NetworkAuthentication(m, ()),
-}
+# Each kind's decoder and its tombstone (a key-only object, for deleting what the cache
+# holds when an object no longer decodes).
+KINDS: tuple[Kind, ...] = (
+    Kind("HTTPRoute", _decode_http_route,
+         _route_stub("HTTPRoute", LINKERD_POLICY_GROUP, "HTTPRoute")),
+    Kind("GatewayHTTPRoute",
+         lambda raw: _route(raw, "GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute"),
+         _route_stub("GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute")),
+    Kind("GRPCRoute", lambda raw: _route(raw, "GRPCRoute", GATEWAY_GROUP, "GRPCRoute"),
+         _route_stub("GRPCRoute", GATEWAY_GROUP, "GRPCRoute")),
+    Kind("AuthorizationPolicy", _decode_authorization_policy,
+         lambda m: AuthorizationPolicy(m, ObjectRef("", "", "", ""), ())),
+    Kind("ServerAuthorization", _decode_server_authorization,
+         lambda m: ServerAuthorization(m, "", None, (), False, False, False, (), ())),
+    Kind("MeshTLSAuthentication", _decode_meshtls, lambda m: MeshTLSAuthentication(m, (), ())),
+    Kind("NetworkAuthentication", _decode_network_authn,
+         lambda m: NetworkAuthentication(m, ())),
+)

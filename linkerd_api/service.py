@@ -27,7 +27,7 @@ import prometheus_client
 import structlog
 from google.protobuf.message import DecodeError
 
-from bridge.authority import AuthorityError
+from bridge.authority import AuthorityError, view_authority
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import InvalidService, View
 from linkerd_api.authority import (
@@ -195,7 +195,7 @@ class DestinationService:
             path = request.path
             token = self._token(request, peer, "Get")
             key = self._endpoint_key(path, token, peer)
-            label = key.authority(self.config.cluster_domain)
+            label = view_authority(key, self.config.cluster_domain)
             stream = EndpointStream(self.capacity, self.encoder, key, label, peer,
                                     self._endpoint_overflow)
             try:

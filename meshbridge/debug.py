@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridge.authority import AuthorityError, format_authority, parse_authority
+from bridge.authority import AuthorityError, format_authority, parse_authority, view_authority
 from bridge.model import FilterKey, ViewKey
 from meshbridge.admin import Request, Response
 from meshbridge.stream_registry import human_time
@@ -58,7 +58,7 @@ def views_json(app: App) -> list[dict[str, Any]]:
                                                           v.key.filter.hostname)):
         ready = sum(1 for r in view.snapshot.values() if r.endpoint.ready)
         out.append({
-            "authority": view.key.authority(app.config.cluster_domain),
+            "authority": view_authority(view.key, app.config.cluster_domain),
             "namespace": view.key.service.namespace,
             "service": view.key.service.name,
             "port": view.key.port,

@@ -23,7 +23,7 @@ from bridge.enrich import (
 )
 from bridge.model import Endpoint, EndpointId, FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.objects import EndpointSlice, Pod, Service, SliceEndpoint, TargetRef
-from bridge.view_metrics import ViewMetrics
+from bridge.views.metrics import ViewMetrics
 from bridge.views.snapshot import VersionedMap
 from bridge.views.view import View
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import Endpoint, EndpointId, MeshConfig, ResolvedEndpoint, ServiceKey, ViewKey
-from bridge.view_metrics import ViewMetrics
+from bridge.views.metrics import ViewMetrics
 from bridge.views.port_publisher import PortPublisher
 from bridge.views.view import EMPTY, Snapshot, View, ViewSubscriber
 

@@ -15,8 +15,8 @@ from typing import Any, Protocol, TypeVar, cast
 
 from bridge.cluster import Cluster
 from bridge.model import BASE_WEIGHT, Endpoint, EndpointId, MeshConfig, ResolvedEndpoint, ViewKey
-from bridge.view_metrics import ViewMetrics
 from bridge.views.derived import Derivation, Derived
+from bridge.views.metrics import ViewMetrics
 from bridge.views.snapshot import EndpointSnapshot
 
 # What a version of a View is read as; each View's versions are `EndpointSnapshot`s.

@@ -11,10 +11,10 @@ import pytest
 
 from bridge.cluster import Cluster, ClusterChange, Event, EventType, KindStore, ListenerStage
 from bridge.cluster.stores import CORE_STORES, ServiceStore
+from bridge.decoding import Meta
 from bridge.model import ClusterIdentity, MeshConfig, ServiceKey, ViewKey
-from bridge.objects import Meta
-from bridge.view_metrics import ViewMetrics
 from bridge.views import ViewRegistry
+from bridge.views.metrics import ViewMetrics
 from tests.unit.builders import delete, endpoint, endpoint_slice, load, pod, service
 
 WEB = ServiceKey("app", "web")

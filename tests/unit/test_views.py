@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.authority import format_authority, parse_authority
+from bridge.authority import format_authority, parse_authority, view_authority
 from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.views import Derivation, InvalidService, View, ViewChange, ViewRegistry
@@ -343,7 +343,7 @@ def test_address_endpoints_without_a_pod_are_named_after_the_address() -> None:
 def test_view_metrics_follow_subscribers_versions_and_size() -> None:
     import prometheus_client
 
-    from bridge.view_metrics import ViewMetrics
+    from bridge.views.metrics import ViewMetrics
 
     registry = prometheus_client.CollectorRegistry()
     cluster = Cluster()
@@ -441,9 +441,9 @@ def test_a_change_touches_its_services_and_every_service_of_its_namespaces() -> 
 
 def test_a_view_key_is_named_by_the_one_authority_formatter() -> None:
     key = ViewKey(SVC, 8080, FilterKey(hostname="web-0"))
-    assert key.authority("c.l") == format_authority(SVC, 8080, "c.l", "web-0")
+    assert view_authority(key, "c.l") == format_authority(SVC, 8080, "c.l", "web-0")
     assert format_authority(SVC, 8080, "c.l") == "web.app.svc.c.l:8080"
-    assert parse_authority(key.authority("c.l"), "c.l") == key
+    assert parse_authority(view_authority(key, "c.l"), "c.l") == key
 
 
 def test_one_off_reads_see_what_a_new_subscriber_would() -> None:

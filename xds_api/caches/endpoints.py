@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
+from bridge.authority import view_authority
 from bridge.model import EndpointId, FilterKey, ServiceKey, ViewKey
 from bridge.views import (
     Derivation,
@@ -168,7 +169,7 @@ class ClaState:
 
     def __init__(self, cache: EndpointCache, view: View) -> None:
         self._cache = cache
-        self.name = view.key.authority(cache.cluster_domain)
+        self.name = view_authority(view.key, cache.cluster_domain)
         self.assembly = ClaAssembly(cache.draining, cache.metadata)
         self.assembly.rebuild(view.snapshot.values(), view.version)
         self._cla: EncodedResource | None = None
@@ -269,7 +270,7 @@ class EndpointCache:
         it moves no version and no metric, and registers nothing on the View."""
         asm = ClaAssembly(self.draining, self.metadata)
         asm.rebuild(view.snapshot.values(), view.version)
-        return asm.resource(view.key.authority(self.cluster_domain))
+        return asm.resource(view_authority(view.key, self.cluster_domain))
 
     def assembly_of(self, view: View) -> ClaAssembly:
         """The View's CLA assembly, at its current version."""
