@@ -47,6 +47,7 @@ FULL: dict[str, list[list[str]]] = {
                                              "--clients-kind", "grpcio"]],
     "encode": [["encode", "--runs", "5"]],
     "bigservice": [["big_service", "--runs", "5"]],
+    "routes": [["route_edit", "--streams", "1000", "--runs", "5"]],
 }
 QUICK: dict[str, list[list[str]]] = {
     "fanout": [["fanout", "--protocol", p, "--streams", "100", "--runs", "3",
@@ -59,8 +60,9 @@ QUICK: dict[str, list[list[str]]] = {
     "bigservice": [["big_service", "--runs", "1", "--changes", "20", "--endpoints",
                     "100,1000", "--latency-endpoints", "1000", "--latency-changes", "10",
                     "--latency-runs", "1"]],
+    "routes": [["route_edit", "--streams", "100", "--runs", "2", "--channels", "5"]],
 }
-SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice")
+SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice", "routes")
 
 
 def discover() -> list[str]:

@@ -93,6 +93,10 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin", default="0.0.0.0:9996", help="admin HTTP address")
     p.add_argument("--kubeconfig", default=None, help="kube source: kubeconfig file")
     p.add_argument("--context", default=None, help="kube source: kubeconfig context")
+    p.add_argument("--route-status", action=argparse.BooleanOptionalAction, default=True,
+                   help="kube source: write each route's status.parents (Accepted, "
+                        "ResolvedRefs) under meshbridge's controllerName, beside other "
+                        "controllers' (default: on; other sources never write)")
     p.add_argument("--endpoints-api", choices=("endpointslices", "endpoints"),
                    default="endpointslices",
                    help="kube source: watch EndpointSlices (default) or v1 Endpoints")
@@ -257,7 +261,8 @@ def h2_limits(args: argparse.Namespace) -> H2Limits:
 def _kube_options(args: argparse.Namespace) -> dict[str, object]:
     if not args.source.startswith("kube"):
         return {}
-    return {k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api")
+    return {k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api",
+                                          "route_status")
             if getattr(args, k, None) is not None}
 
 

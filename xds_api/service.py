@@ -22,11 +22,14 @@ import grpc
 import structlog
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError
 
-from bridge.model import ResolvedEndpoint
+from bridge.authority import view_authority
+from bridge.model import ResolvedEndpoint, ServiceKey, ViewKey
+from bridge.routes.text import RouteRow
 from bridge.views import View
 from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
@@ -42,6 +45,8 @@ from xds_api.resources import (
     METADATA_PROFILES,
     MetadataEncoder,
 )
+from xds_api.route_config import ClientKind
+from xds_api.route_text import route_config_rows
 from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
@@ -144,6 +149,8 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     server.add_generic_rpc_handlers(service.handlers())
     host.on_stop(service.stop)
     host.add_renderer("xds", service.render_view)
+    host.add_route_renderer("envoy", partial(service.render_routes, ClientKind.ENVOY))
+    host.add_route_renderer("grpc", partial(service.render_routes, ClientKind.GRPC))
     host.keep("xds", service)
 
 
@@ -274,6 +281,21 @@ class XdsService:
         self.cache.close()
 
     # ------------------------------------------------------------ debugging
+
+    def render_routes(self, client: ClientKind, service: ServiceKey, port: int,
+                      client_namespace: str) -> tuple[list[RouteRow], list[str]]:
+        """A Service port's RouteConfiguration as this client kind in this namespace is
+        sent it, as route-table rows, and what it is not told (for /debug/endpoints)."""
+        name = view_authority(ViewKey(service, port), self.cache.cluster_domain)
+        # Read-only: what is kept, or built afresh and kept nowhere (nothing counted).
+        found = self.cache.routes.preview(name, client, client_namespace)
+        if found is None:
+            return [], []
+        res, left_out = found
+        config = route_pb2.RouteConfiguration()
+        any_msg = any_pb2.Any.FromString(res.any_bytes)
+        any_msg.Unpack(config)
+        return route_config_rows(config), [str(x) for x in left_out]
 
     def render_view(self, view: View) -> tuple[dict[str, dict[str, Any]], Any]:
         """The View as xDS clients get it, for /debug/endpoints: the CLA's endpoints

@@ -35,7 +35,9 @@ import structlog
 
 from bridge.cluster import Cluster, Event, EventType
 from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
+from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
+from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
@@ -306,7 +308,7 @@ def _lines(resp: Any) -> Iterator[bytes]:
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  endpoints_api: str = "endpointslices",
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None, route_status: bool = True) -> None:
         if endpoints_api not in ("endpointslices", "endpoints"):
             raise ValueError(f"--endpoints-api {endpoints_api!r}: endpointslices or endpoints")
         self.name = "kube"
@@ -314,6 +316,9 @@ class KubeSource:
         self.context = context
         self.endpoints_api = endpoints_api
         self._credentials = credentials
+        # --route-status: write each route's status.parents entries (Routes §6).
+        self.route_status = route_status
+        self.status_writer: RouteStatusWriter | None = None
         self.watchers: list[KindWatcher] = []
         self._metrics: prometheus_client.CollectorRegistry | None = None
 
@@ -346,12 +351,28 @@ class KubeSource:
                  kinds=[s.kind for s in specs])
         for w in self.watchers:
             w.start()
+        writer_task: asyncio.Task[None] | None = None
+        if self.route_status:
+            self.status_writer = RouteStatusWriter(
+                client, cluster, {k: KINDS[k].path for k in ROUTE_STORE_KINDS})
+
+            async def write_after_sync(writer: RouteStatusWriter) -> None:
+                await synced.wait()  # statuses from the whole initial list, not a part
+                await writer.run()
+
+            writer_task = asyncio.create_task(write_after_sync(self.status_writer))
         try:
             await handoff.failed  # runs until cancelled, or an apply raises
         finally:
             handoff.closed = True
             for w in self.watchers:
                 w.stop()
+            if writer_task is not None:
+                writer_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer_task
+            if self.status_writer is not None:
+                self.status_writer.close()
 
     def _lag_histogram(self, spec: KindSpec) -> prometheus_client.Histogram | None:
         if self._metrics is None:

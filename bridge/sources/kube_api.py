@@ -119,9 +119,18 @@ class ApiClient:
     def post_json(self, path: str, body: dict[str, Any], timeout: float = 10.0,
                   ) -> dict[str, Any]:
         """One POST (a TokenReview, say): JSON in, JSON out; ApiError on >= 300."""
+        return self._send("POST", path, body, "application/json", timeout)
+
+    def patch_json(self, path: str, body: dict[str, Any], timeout: float = 10.0,
+                   ) -> dict[str, Any]:
+        """One JSON merge patch (a route's status); ApiError on >= 300 (409: conflict)."""
+        return self._send("PATCH", path, body, "application/merge-patch+json", timeout)
+
+    def _send(self, method: str, path: str, body: dict[str, Any], content_type: str,
+              timeout: float) -> dict[str, Any]:
         resp = self.pool.request(
-            "POST", self.creds.host + path, body=json.dumps(body).encode(),
-            headers={**self.creds.headers, "Content-Type": "application/json"},
+            method, self.creds.host + path, body=json.dumps(body).encode(),
+            headers={**self.creds.headers, "Content-Type": content_type},
             timeout=urllib3.Timeout(connect=5.0, read=timeout))
         try:
             data = json.loads(resp.data) if resp.data else {}
