@@ -427,16 +427,16 @@ class StreamRunner:
 
     async def run(self, context: grpc.aio.ServicerContext) -> None:
         self._task = asyncio.current_task()
-        handle = self.stream.handle
-        message, metrics = self._message, self.service.metrics
         try:
-            while True:
-                raw = await context.read()
-                if raw is grpc.aio.EOF:
+            read_into = getattr(context, "read_into", None)
+            if read_into is not None:
+                # The native server hands each request (an ACK, mostly) to `receive`
+                # in the callback that read it: no task switch per message.
+                await read_into(self.receive)
+                return
+            while (raw := await context.read()) is not grpc.aio.EOF:
+                if self.receive(raw):
                     return
-                handle(decode(message, raw, metrics))
-                if self._ending and not self.stream.awaiting_answer():
-                    return  # shutting down, and the client has answered everything
         except StreamError as e:
             log.info("xds stream refused", node=self.stream.node_id, peer=self.stream.peer,
                      reason=str(e))
@@ -463,6 +463,12 @@ class StreamRunner:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(writer, SHUTDOWN_WRITE_GRACE)
             self.stream.close()
+
+    def receive(self, raw: bytes) -> bool:
+        """One request, decoded and applied; True when the stream reads no more
+        (shutting down, and the client has answered everything)."""
+        self.stream.handle(decode(self._message, raw, self.service.metrics))
+        return self._ending and not self.stream.awaiting_answer()
 
     async def _flush(self, due: list[bytes] | None = None) -> None:
         """Write what is due (`due`, then whatever is) until nothing is; responses are

@@ -227,7 +227,8 @@ class PolicyService:
             self.cluster.remove_listener(self._on_change)
 
     def _on_change(self, change: ClusterChange) -> None:
-        self._encoded.clear()
+        if _outbound_change(change):
+            self._encoded.clear()
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
@@ -275,9 +276,7 @@ class PolicyService:
             return self._service_policy(service_target, client_ns)
 
         def wants(change: ClusterChange) -> bool:
-            # Any Service: a route's backend may be another Service appearing or going.
-            return bool(change.all_services or change.kinds & ROUTE_KINDS
-                        or change.services or change.namespaces)
+            return _outbound_change(change)
 
         compute()  # a Service that vanished between lookup and now is still served
         return compute, wants
@@ -426,6 +425,14 @@ class PolicyService:
             log.warning("policy request refused", method=method, peer=context.peer(),
                         code=code.name, reason=str(error))
         await context.abort(code, str(error))
+
+
+def _outbound_change(change: ClusterChange) -> bool:
+    """Whether a change may change an outbound policy: a route, or a Service object
+    (its ports and annotations, or its coming and going as a route's backend). An
+    endpoint change is not one: a policy names its backends, not their endpoints."""
+    return bool(change.all_services or change.kinds & ROUTE_KINDS
+                or change.service_objects or change.namespaces)
 
 
 M = TypeVar("M", bound=Message)

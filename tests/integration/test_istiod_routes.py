@@ -129,14 +129,16 @@ def normalize(r: Any) -> dict[str, Any]:
 
 
 async def routes_of(xds: DeltaAdsClient, name: str, host: str, ready: Any) -> list[Any]:
-    """The routes of `host`'s virtual host in RouteConfiguration `name`, once `ready`
-    holds for them (a control plane may answer before it has read the route)."""
+    """The routes of `host`'s virtual host in RouteConfiguration `name` (meshbridge's
+    one virtual host is `*`: the configuration is the Service port's own), once
+    `ready` holds for them (a control plane may answer before it has read the route)."""
     deadline = time.monotonic() + WAIT
     while True:
         config_msg = xds.held.get(rt.ROUTE, {}).get(name)
         if config_msg is not None:
             for vh in config_msg.virtual_hosts:
-                if any(d == host or d.startswith(host + ":") for d in vh.domains) \
+                mine = list(vh.domains) == ["*"] and len(config_msg.virtual_hosts) == 1
+                if (mine or any(d == host or d.startswith(host + ":") for d in vh.domains)) \
                         and ready(list(vh.routes)):
                     return list(vh.routes)
         await xds.read(max(0.1, deadline - time.monotonic()))
@@ -176,10 +178,14 @@ async def test_istiod_and_meshbridge_send_an_envoy_the_same_routes(
             except TimeoutError:
                 pytest.fail(f"istiod sent no routes for {host}\n{istiod.log_tail(40)}")
         assert [normalize(r) for r in ours_routes] == [normalize(r) for r in theirs_routes]
-        # What the comparison covered, so that an empty match proves nothing.
-        first = normalize(ours_routes[-1])
-        assert first["backends"] == [(host, 80, 90), (f"web-canary.{ns}.svc.cluster.local",
-                                                      80, 10)]
+        # What the comparison covered, so that agreeing on nothing proves nothing: the
+        # exact path first, then the longer prefix with its header, then the redirect,
+        # the demo's 90/10 canary last.
+        ours_seen = [normalize(r) for r in ours_routes]
+        assert [r["action"] for r in ours_seen] == ["route", "route", "redirect", "route"]
+        assert ours_seen[1]["timeout_ms"] == 2000
+        assert ours_seen[3]["backends"] == [
+            (host, 80, 90), (f"web-canary.{ns}.svc.cluster.local", 80, 10)]
     finally:
         await app.stop(0.2)
         with contextlib.suppress(client.ApiException):
