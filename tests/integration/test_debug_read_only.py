@@ -40,8 +40,8 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def _count(version: str) -> int:
-    return int(version.rsplit("-", 1)[1])  # `<server prefix>-<count>` (xDS §1.2)
+def _count(changes: str) -> int:
+    return int(changes.rsplit("-", 1)[1])  # a type's `<process id>-<count>` of encodings
 
 
 async def test_debug_reads_move_no_client_version_metric_or_subscriber(
@@ -61,12 +61,14 @@ async def test_debug_reads_move_no_client_version_metric_or_subscriber(
         async def synced() -> tuple[bool, Any]:
             rows = json.loads(await page("/debug/syncz"))
             mine = [r for r in rows if r["client"] == "reader"]
-            return bool(mine) and mine[0]["types"]["eds"]["acked"] == first.version_info, rows
+            eds = mine[0]["types"]["eds"] if mine else {}
+            return eds.get("acked") == eds.get("sent") == first.version_info, rows
         await eventually(synced, 10.0, "the client's ACK on /debug/syncz")
 
         views = json.loads(await page("/debug/views"))
         metrics = _samples(await page("/metrics"))
-        eds_version = app.service("xds").cache.version(EDS)
+        xds = app.service("xds").cache
+        eds_changes = xds.version(EDS)  # how often EDS was encoded, in this process
         for path in (f"/debug/endpoints?authority={WEB}&format=json",  # watched
                      f"/debug/endpoints?authority={WEB}",
                      f"/debug/endpoints?authority={WEB}&node=node-b&format=json",  # not
@@ -75,12 +77,14 @@ async def test_debug_reads_move_no_client_version_metric_or_subscriber(
             assert "10.244" in body  # each read did render endpoints
         assert json.loads(await page("/debug/views")) == views
         assert _samples(await page("/metrics")) == metrics
-        assert app.service("xds").cache.version(EDS) == eds_version
+        assert xds.version(EDS) == eds_changes
+        ok, rows = await synced()
+        assert ok, rows  # the client holds, and was last sent, what it had
 
-        # The client's next version is the very next one: nothing was encoded and
-        # counted for it in between.
+        # A real change is encoded once, and reaches the client as its next response.
         Manifests(demo_dir).remove_endpoint("10-emojivoto.yaml", "emojivoto", "web-7xk9q",
                                             "10.244.1.10")
         pushed = await read(call)
-        assert _count(pushed.version_info) == _count(first.version_info) + 1
+        assert pushed.version_info != first.version_info
+        assert _count(xds.version(EDS)) == _count(eds_changes) + 1
         call.cancel()
