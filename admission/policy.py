@@ -87,7 +87,7 @@ def _server(server: Server, raw: Mapping[str, Any], cluster: Cluster) -> list[Pr
         out.append(Problem("spec.accessPolicy", f"{server.access_policy!r} is not one of "
                            f"{', '.join(sorted(ACCESS_POLICIES))}", "access_policy"))
     ns = server.meta.namespace
-    for other in sorted(cluster.servers.get(ns, {}).values(), key=lambda s: s.meta.name):
+    for other in sorted(cluster.servers_in(ns), key=lambda s: s.meta.name):
         if other.meta.name == server.meta.name or other.port != server.port:
             continue
         if _overlaps(other.pod_selector, server.pod_selector):

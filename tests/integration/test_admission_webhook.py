@@ -199,7 +199,8 @@ async def test_bad_objects_are_refused_at_create_naming_the_field_and_good_ones_
         assert cluster.create(*HTTPROUTE, route("to-80", 80)) == ""
         assert cluster.create(*SERVER, server("web-http", "all-authenticated")) == ""
         # A second Server for the same pods and port, once meshbridge has seen the first.
-        eventually_sync(lambda: "web-http" in app.cluster.servers.get(ns, {}), WAIT,
+        eventually_sync(lambda: any(s.meta.name == "web-http"
+                                    for s in app.cluster.servers_in(ns)), WAIT,
                         "the kube source has the first Server")
         message = cluster.create(*SERVER, server("web-http-2", "deny"))
         assert f"spec.podSelector: Server {ns}/web-http already covers port 8080" in message
