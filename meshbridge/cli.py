@@ -152,7 +152,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from bridge.sources import SourceSpecError, make_source
+    from bridge.sources.base import SourceSpecError
+    from bridge.sources.catalog import make_source
     from meshbridge.app import App, ServeOptions, TlsFiles
     from meshbridge.startup import (
         check_kube_access,

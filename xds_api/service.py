@@ -27,6 +27,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError
 
+from bridge.authority import view_authority
 from bridge.model import ResolvedEndpoint, ServiceKey, ViewKey
 from bridge.routes.text import RouteRow
 from bridge.views import View
@@ -285,21 +286,21 @@ class XdsService:
                       client_namespace: str) -> tuple[list[RouteRow], list[str]]:
         """A Service port's RouteConfiguration as this client kind in this namespace is
         sent it, as route-table rows, and what it is not told (for /debug/endpoints)."""
-        name = ViewKey(service, port).authority(self.cache.cluster_domain)
-        res = self.cache.routes.variant(name, client, client_namespace)
-        if res is None:
+        name = view_authority(ViewKey(service, port), self.cache.cluster_domain)
+        # Read-only: what is kept, or built afresh and kept nowhere (nothing counted).
+        found = self.cache.routes.preview(name, client, client_namespace)
+        if found is None:
             return [], []
+        res, left_out = found
         config = route_pb2.RouteConfiguration()
         any_msg = any_pb2.Any.FromString(res.any_bytes)
         any_msg.Unpack(config)
-        left_out = self.cache.routes.left_out_of(name, client, client_namespace)
         return route_config_rows(config), [str(x) for x in left_out]
 
     def render_view(self, view: View) -> tuple[dict[str, dict[str, Any]], Any]:
         """The View as xDS clients get it, for /debug/endpoints: the CLA's endpoints
         keyed by "ip:port", and the CLA as proto-JSON."""
-        name = view.key.authority(self.cache.cluster_domain)
-        res = self.cache.cla_of(view, name)
+        res = self.cache.endpoints.preview(view)
         cla = endpoint_pb2.ClusterLoadAssignment()
         any_msg = any_pb2.Any.FromString(res.any_bytes)
         any_msg.Unpack(cla)
