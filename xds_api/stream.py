@@ -486,7 +486,11 @@ class SotwStream(XdsStream):
         if req.response_nonce and sub.nonce:
             sub.answered = req.response_nonce
             if not nack:
-                self._acked(sub, req.response_nonce, req.version_info)
+                # The version sent, when the ACK quotes it: one string shared by every
+                # stream, not one decoded per ACK and kept per stream.
+                quoted = req.version_info
+                self._acked(sub, req.response_nonce,
+                            sub.version_sent if quoted == sub.version_sent else quoted)
                 if names == sub.names and not sub.wildcard and rt.WILDCARD not in names:
                     # An ACK that names what is subscribed changes no subscription
                     # (the usual request by far: one per response per stream).
