@@ -186,7 +186,7 @@ class PolicyService:
         self.config = host.config
         self.options = options
         self.semantics = semantics
-        self.routes = route_index(host.cluster)
+        self.routes = route_index(host.cluster, host.config.cluster_domain)
         # One encoding per (target, client namespace) per cluster change, whatever the
         # number of streams watching it; emptied whenever the cluster changes.
         self._encoded: dict[tuple[outbound.ServiceTarget, str], bytes] = {}
@@ -298,7 +298,8 @@ class PolicyService:
         """The encoded policy, shared by every stream of the same target whose client
         namespace reads the same route table (Routes §1.2)."""
         routes = self.routes.port(target.service, target.port)
-        group = client_ns if routes is not None and client_ns in routes.consumers else ""
+        group = "" if routes is None else routes.group_of(
+            client_ns, profiles=self.semantics != outbound.LINKERD_2_20)
         memo_key = (target, group)
         encoded = self._encoded.get(memo_key)
         if encoded is None:
