@@ -426,10 +426,11 @@ class PolicyService:
 
 
 def _outbound_change(change: ClusterChange) -> bool:
-    """Whether a change may change an outbound policy: a route, or a Service object
-    (its ports and annotations, or its coming and going as a route's backend). An
-    endpoint change is not one: a policy names its backends, not their endpoints."""
-    return bool(change.all_services or change.kinds & ROUTE_KINDS
+    """Whether a change may change an outbound policy: a route, a ServiceProfile (one
+    may route the port, Routes §7.1), or a Service object (its ports and annotations,
+    or its coming and going as a route's backend). An endpoint change is not one: a
+    policy names its backends, not their endpoints."""
+    return bool(change.all_services or change.kinds & ROUTE_KINDS or change.profiles
                 or change.service_objects or change.namespaces)
 
 
