@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridge.authority import AuthorityError, format_authority, parse_authority
+from bridge.authority import AuthorityError, format_authority, parse_authority, view_authority
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.routes.text import RouteRow
 from meshbridge.admin import Request, Response
@@ -62,7 +62,7 @@ def views_json(app: App) -> list[dict[str, Any]]:
                                                           v.key.filter.hostname)):
         ready = sum(1 for r in view.snapshot.values() if r.endpoint.ready)
         out.append({
-            "authority": view.key.authority(app.config.cluster_domain),
+            "authority": view_authority(view.key, app.config.cluster_domain),
             "namespace": view.key.service.namespace,
             "service": view.key.service.name,
             "port": view.key.port,
@@ -86,13 +86,6 @@ def install(app: App) -> None:
         200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)]))
 
 
-class _Probe:
-    """A subscriber that only holds a View open while the page renders it."""
-
-    def on_view_change(self, view: View, change: Any) -> None:
-        pass
-
-
 def _endpoints(app: App, req: Request) -> Response:
     unknown = set(req.query) - _ENDPOINTS_PARAMS
     if unknown:
@@ -111,15 +104,14 @@ def _endpoints(app: App, req: Request) -> Response:
     node = req.query.get("node", [""])[0]
     key = ViewKey(key.service, key.port, FilterKey(node_name=node,
                                                    hostname=key.filter.hostname))
-    probe = _Probe()
+    # Read-only: the View clients share if the target is watched, else one made for
+    # this page alone; each renderer encodes afresh and keeps nothing, so no client's
+    # version, no metric and no subscriber count moves.
     try:
-        view = app.views.subscribe(key, probe, "debug")
+        view = app.views.peek(key)
     except LookupError as e:
         return Response.text(400, str(e))
-    try:
-        rendered = {name: render(view) for name, render in sorted(app.renderers.items())}
-    finally:
-        app.views.unsubscribe(key, probe)
+    rendered = {name: render(view) for name, render in sorted(app.renderers.items())}
     addresses = {name: set(eps) for name, (eps, _) in rendered.items()}
     union = set().union(*addresses.values()) if addresses else set()
     differences = {

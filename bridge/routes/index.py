@@ -49,9 +49,9 @@ class RouteRecord:
 
 
 class RouteIndex:
-    def __init__(self, cluster: Cluster, cluster_domain: str = "cluster.local") -> None:
+    def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.cluster_domain = cluster_domain  # ServiceProfiles are named in it
+        self.cluster_domain = cluster.identity.domain  # ServiceProfiles are named in it
         self.ports: dict[PortKey, PortRoutes] = {}
         self._routes: dict[RouteKey, RouteRecord] = {}
         self._by_parent: dict[ServiceKey, set[RouteKey]] = {}
@@ -88,16 +88,6 @@ class RouteIndex:
 
     def routes(self) -> list[Route]:
         return [rec.route for _, rec in sorted(self._routes.items())]
-
-    def use_domain(self, cluster_domain: str) -> None:
-        """Read ServiceProfile names in `cluster_domain` from now on."""
-        if cluster_domain == self.cluster_domain:
-            return
-        self.cluster_domain = cluster_domain
-        touched: set[ServiceKey] = set()
-        self._sync_profiles(list(self._profile_service), touched)
-        self._sync_profiles(list(self.cluster.profiles), touched)
-        self._recompute(touched)
 
     def add_listener(self, listener: PortsListener) -> None:
         self._listeners.append(listener)
@@ -289,13 +279,10 @@ class RouteIndex:
 _SHARED: weakref.WeakKeyDictionary[Cluster, RouteIndex] = weakref.WeakKeyDictionary()
 
 
-def route_index(cluster: Cluster, cluster_domain: str | None = None) -> RouteIndex:
+def route_index(cluster: Cluster) -> RouteIndex:
     """The one RouteIndex of `cluster`, made on first use: every protocol layer reads
-    the same tables, computed once. `cluster_domain`: the domain ServiceProfiles are
-    named in (None: whatever the index has, cluster.local by default)."""
+    the same tables, computed once."""
     index = _SHARED.get(cluster)
     if index is None:
-        index = _SHARED[cluster] = RouteIndex(cluster, cluster_domain or "cluster.local")
-    elif cluster_domain is not None:
-        index.use_domain(cluster_domain)
+        index = _SHARED[cluster] = RouteIndex(cluster)
     return index

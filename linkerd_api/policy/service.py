@@ -186,7 +186,7 @@ class PolicyService:
         self.config = host.config
         self.options = options
         self.semantics = semantics
-        self.routes = route_index(host.cluster, host.config.cluster_domain)
+        self.routes = route_index(host.cluster)
         # One encoding per (target, client namespace) per cluster change, whatever the
         # number of streams watching it; emptied whenever the cluster changes.
         self._encoded: dict[tuple[outbound.ServiceTarget, str], bytes] = {}
@@ -289,7 +289,10 @@ class PolicyService:
         if svc is None:
             return [], []
         target = outbound.ServiceTarget(service, port, svc.port(port) is not None)
-        policy = ob.OutboundPolicy.FromString(self._service_policy(target, client_ns))
+        # Built afresh and kept nowhere: a debug read encodes and counts nothing.
+        policy = outbound.service_policy(self.cluster, self.config, target,
+                                         self.routes.port(service, port), client_ns,
+                                         self.semantics)
         _, rows = policy_rows(policy)
         return rows, outbound.left_out(self.routes.port(service, port), client_ns,
                                        self.semantics)
