@@ -88,7 +88,7 @@ def free_port() -> int:
 @cache
 def serve_help() -> str:
     proc = subprocess.run([sys.executable, "-m", "meshbridge.cli", "serve", "--help"],
-                          capture_output=True, text=True, cwd=SERVER_ROOT, timeout=60, check=False)
+                          capture_output=True, text=True, cwd=SERVER_ROOT, timeout=600, check=False)
     return proc.stdout
 
 
@@ -180,7 +180,7 @@ class Server:
                                    f"{self.log_tail()}")
             return False
 
-        eventually_sync(ready, 60, lambda: f"meshbridge serve not ready: {self.log_tail()}\n")
+        eventually_sync(ready, 300, lambda: f"meshbridge serve not ready: {self.log_tail()}\n")
 
     def ensure_running(self) -> None:
         """Restart the server if an earlier attack killed or wedged it."""
