@@ -10,7 +10,10 @@ connection with 5,000 streams ended: 25 MiB above the start; a full collection
 (the only thing that empties the free lists) gave back 16 MiB of it, `malloc_trim`
 4 more. So, after a burst, the trimmer does both, once the burst is over: when
 nothing has been released for SETTLE seconds (never in the middle of an attack,
-when the collection would only look at what the attack still holds).
+when the collection would only look at what the attack still holds). The trim gives
+back only what the C library's malloc holds; what CPython's own small-object
+allocator keeps (an arena with one live object in it) it cannot, which is why
+`meshbridge serve` runs on malloc (meshbridge/allocator.py).
 
 It is throttled: a full collection pauses the loop for as long as it takes to look
 at every object not frozen by `gc.freeze` (meshbridge freezes its start-up state),

@@ -103,6 +103,10 @@ ATTACKS: dict[str, Budget] = {
     "connection-flood": Budget(beyond_refused=MAX_CONNECTIONS,
                                args=("--connections", str(MAX_CONNECTIONS + 60))),
     # 20 connections x 25 Get streams on the churned service, window 0, never granted
+    "zero-window-readers": Budget(seconds=3.0,
+                                  args=("--connections", "20", "--target",
+                                        "web.emojivoto.svc.cluster.local:80"),
+                                  note="nothing promised to the attacker; memory bounded"),
     # What once left memory behind, three times in a row each: RSS must come back
     # within 20 MiB of where the first run started, after every run.
     # 100 connections, each HEADERS without END_HEADERS then thousands of empty
@@ -110,10 +114,10 @@ ATTACKS: dict[str, Budget] = {
     "continuation-reconnect": Budget(goaway=CALM, repeat=3, args=("--connections", "100")),
     # 100 connections, each sending header blocks of 1,900 empty names
     "empty-names-reconnect": Budget(goaway=CALM, repeat=3, args=("--connections", "100")),
-    "zero-window-readers": Budget(seconds=3.0,
-                                  args=("--connections", "20", "--target",
-                                        "web.emojivoto.svc.cluster.local:80"),
-                                  note="nothing promised to the attacker; memory bounded"),
+    # 5,000 Get streams at window 0, then a connection WINDOW_UPDATE(+1) flood
+    "window-update-5000-streams": Budget(goaway=CALM, repeat=3),
+    # 5,000 Get streams at window 0, INITIAL_WINDOW_SIZE toggled 0 <-> 1, never reading
+    "settings-toggle-5000-unread": Budget(goaway=CALM, repeat=3),
 }
 
 

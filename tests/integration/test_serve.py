@@ -59,6 +59,10 @@ def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> Non
     )
     try:
         eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
+        if "PYTHONMALLOC" not in os.environ:
+            # serve executed itself again on malloc (meshbridge.allocator): same process
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            assert b"PYTHONMALLOC=malloc" in environ
         assert http_get(f"http://127.0.0.1:{admin_port}/live")[0] == 200
         code, metrics = http_get(f"http://127.0.0.1:{admin_port}/metrics")
         assert code == 200 and "process_resident_memory_bytes" in metrics
