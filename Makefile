@@ -58,7 +58,7 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: install-dev
-	$(BIN)/ruff check bridge meshbridge h2grpc linkerd_api xds_api harness tests bench fuzz scripts
+	$(BIN)/ruff check bridge meshbridge h2grpc linkerd_api xds_api harness testkit tests bench fuzz scripts
 	$(BIN)/mypy
 
 bench: install-bench

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import print_json, row
+from bench.common import finish, row
 
 TARGET_CPU_SHARE = 50.0  # percent of one core
 TARGET_P99_MS = 100.0
@@ -163,12 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     from meshbridge.log import configure_logging
 
     configure_logging("console", "warning")
-    result = run(args)
-    if args.json:
-        print_json("churn", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("churn", run(args), args.json, rows, report)
 
 
 if __name__ == "__main__":

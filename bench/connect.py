@@ -31,21 +31,12 @@ import grpc
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from bench.common import (
-    Child,
-    GcPauses,
-    StaticSource,
-    commands,
-    cpu_seconds,
-    out_line,
-    poll,
-    print_json,
-    row,
-    serving_layers,
-)
+from bench.common import GcPauses, cpu_seconds, finish, row
 from bench.h2client import LeanConnection
 from linkerd_api.proto import destination_pb2
 from meshbridge import gctune
+from testkit.polling import eventually
+from testkit.processes import Child, commands, out_line
 
 TARGET_S = 5.0
 TARGET_CLIENTS = 5000
@@ -257,19 +248,14 @@ async def one_round_lean(args: argparse.Namespace, mine: list[int], t0: float) -
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
 
     configure_logging("console", "warning")
     sim = SimCluster(Scenario(seed=9, cluster=ClusterShape(
         namespaces=10, services=args.services, endpoints_per_service=args.endpoints,
         zones=3), churn=Churn(rate=0)))
-    limits = Limits(max_streams_per_client=args.clients * args.targets + 100,
-                    h2=LOOPBACK_CROWD)
-    app = App(StaticSource(sim.initial_objects()), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
-    await app.start()
+    app = await serve_objects(sim.initial_objects(), args.clients * args.targets + 100)
     gctune.settle_heap()  # as `meshbridge serve` does once synced
     children: list[Child] = []
     runs: list[dict[str, Any]] = []
@@ -303,7 +289,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                          "client_gc": [p["gc"] for p in parts]})
             for c in children:
                 await c.line(120)
-            await poll(lambda: len(app.streams) == 0, 120, "every stream dropped", 0.05)
+            await eventually(lambda: len(app.streams) == 0, 120, "every stream dropped", 0.05)
             gc.collect()  # the dropped streams are garbage: not the next round's pauses
     finally:
         for c in children:
@@ -363,12 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.client:
         return asyncio.run(run_client(args))
-    result = asyncio.run(run_bench(args))
-    if args.json:
-        print_json("connect", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("connect", asyncio.run(run_bench(args)), args.json, rows, report)
 
 
 if __name__ == "__main__":

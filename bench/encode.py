@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import print_json, row
+from bench.common import finish, row
 
 
 class _Recorder:
@@ -112,12 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.endpoints.split(",") if x.strip()]
-    result = run(sizes, args.changes, args.runs)
-    if args.json:
-        print_json("encode", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("encode", run(sizes, args.changes, args.runs), args.json, rows, report)
 
 
 if __name__ == "__main__":

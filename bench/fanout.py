@@ -31,19 +31,10 @@ from typing import Any
 
 import grpc
 
-from bench.common import (
-    Child,
-    StaticSource,
-    commands,
-    cpu_seconds,
-    out_line,
-    poll,
-    print_json,
-    row,
-    rss_kib,
-    serving_layers,
-)
+from bench.common import cpu_seconds, finish, row
 from meshbridge import gctune
+from testkit.polling import eventually
+from testkit.processes import Child, commands, out_line, rss_kib
 
 PROTOCOLS = ("get", "sotw", "delta")
 TITLES = {"get": "Linkerd Get", "sotw": "xDS SotW EDS", "delta": "xDS delta EDS"}
@@ -271,16 +262,12 @@ def open_streams(app: Any, protocol: str) -> int:
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
 
     configure_logging("console", "warning")
     sim = scenario(args.endpoints)
-    limits = Limits(max_streams_per_client=args.streams * 2 + 100, h2=LOOPBACK_CROWD)
-    app = App(StaticSource(sim.initial_objects()), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
-    await app.start()
+    app = await serve_objects(sim.initial_objects(), args.streams * 2 + 100)
     gctune.settle_heap()  # as `meshbridge serve` does once synced
     child: Child | None = None
     try:
@@ -296,9 +283,11 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         idle = idle_check(app, args.protocol)
         readings = []
         for _phase in range(2):
-            ready = (await child.line())["ready"]
-            await poll(lambda n=ready: open_streams(app, args.protocol) >= n and idle(), 120,
-                       "streams open and idle")
+            ready: int = (await child.line())["ready"]
+
+            def settled(n: int = ready) -> bool:
+                return open_streams(app, args.protocol) >= n and idle()
+            await eventually(settled, 120, "streams open and idle")
             gc.collect()
             readings.append((ready, rss_kib(), tracemalloc.get_traced_memory()[0]))
         tracemalloc.stop()
@@ -312,7 +301,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             profiler = Profiler(interval=0.0005, async_mode="disabled")
             profiler.start()
         for run in range(1, args.runs + 1):
-            await poll(idle, 120, "server idle before a run")
+            await eventually(idle, 120, "server idle before a run")
             # Alternate up and down so the View keeps its size.
             events = sim._step_scale(svc, up=run % 2 == 1)
             cpu0 = cpu_seconds()
@@ -401,12 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.client:
         return asyncio.run(run_lean_client(args) if args.clients == "lean"
                            else run_client(args))
-    result = asyncio.run(run_bench(args))
-    if args.json:
-        print_json("fanout", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("fanout", asyncio.run(run_bench(args)), args.json, rows, report)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
     run_attack    baseline, then the attacker subprocess while endpoints change every
                   ~0.5 s and /ready is polled, then recovery (RSS, gauges): a Report
 
-Waiting is always polling with a deadline (tests/polling.py).
+Waiting is always polling with a deadline (testkit/polling.py).
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -35,7 +32,9 @@ import yaml
 
 from bridge.sources import DEMO_DIR
 from harness.clients import LinkerdClient, Received, XdsClient
-from tests.polling import eventually, eventually_sync
+from testkit import net
+from testkit.net import free_port
+from testkit.polling import eventually, eventually_sync
 
 REPO = Path(__file__).resolve().parents[2]
 # Where `meshbridge serve` runs from (its cwd, so `-m meshbridge.cli` imports that tree):
@@ -69,12 +68,6 @@ RSS_SLACK = 20 * 1024 * 1024
 RECOVERY_DEADLINE = 5.0  # RSS and gauges, after the attack
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @cache
 def serve_help() -> str:
     proc = subprocess.run([sys.executable, "-m", "meshbridge.cli", "serve", "--help"],
@@ -98,11 +91,9 @@ def missing_flags() -> list[str]:
 
 
 def http_get(url: str, timeout: float) -> tuple[int, str]:
+    """(status, body); (0, "") when nothing answers (the server may be down)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as e:
-        return int(e.code), e.read().decode(errors="replace")
+        return net.http_get(url, timeout)
     except (OSError, ValueError):
         return 0, ""
 

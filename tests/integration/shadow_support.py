@@ -21,7 +21,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from harness.clients import ADS_SOTW, EDS_TYPE
 from harness.shadow.cli import add_arguments, run_shadow
-from tests.polling import eventually
+from testkit.polling import eventually
 
 DOMAIN = "svc.cluster.local"
 WEB = f"web.emojivoto.{DOMAIN}:80"

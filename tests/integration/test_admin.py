@@ -12,7 +12,7 @@ from typing import Any
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import View, ViewChange
 from meshbridge.app import App
-from tests.polling import eventually
+from testkit.polling import eventually
 
 
 class Sink:

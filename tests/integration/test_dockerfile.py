@@ -8,17 +8,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.net import free_port, ready
+from testkit.polling import eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -32,20 +30,6 @@ def instruction(name: str) -> list[str]:
             assert isinstance(value, list), f"{name} must use the exec form"
             return [str(v) for v in value]
     raise AssertionError(f"no {name} in {DOCKERFILE}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ready(admin_port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as r:
-            return int(r.status) == 200
-    except (OSError, urllib.error.HTTPError):
-        return False
 
 
 def test_dockerfile_is_non_root_and_exposes_both_ports() -> None:

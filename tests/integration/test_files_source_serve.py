@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_serve import free_port, http_get, ready
-from tests.polling import eventually_sync
-from tests.unit.builders import service
+from testkit.builders import service
+from testkit.net import free_port, http_get, ready
+from testkit.polling import eventually_sync
 
 
 def logged(log: Path, event: str, file: Path | None = None) -> bool:

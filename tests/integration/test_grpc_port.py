@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.limits import Limits
-from tests.polling import eventually
+from testkit.polling import eventually
 
 METHOD = "/meshbridge.test.Hold/Stream"
 

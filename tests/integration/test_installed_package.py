@@ -16,18 +16,16 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.polling import eventually_sync
+from testkit.net import free_port, ready
+from testkit.polling import eventually_sync
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "meshbridge-wheeltest"
@@ -35,22 +33,6 @@ WEB = "web.emojivoto.svc.cluster.local:80"
 
 # A first run downloads the dependencies (grpcio, kubernetes, ...): minutes, not seconds.
 pytestmark = pytest.mark.timeout(1200)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
 
 
 def run(argv: list[str | Path], timeout: float, **kwargs: object) -> str:
@@ -133,7 +115,7 @@ def test_the_installed_wheel_serves_the_demo_from_anywhere(tmp_path: Path) -> No
         cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         eventually_sync(lambda: proc.poll() is not None
-                        or http_status(f"http://127.0.0.1:{admin_port}/ready") == 200,
+                        or ready(admin_port),
                         timeout=60, why="meshbridge serve never became ready")
         assert proc.poll() is None, "meshbridge serve exited"
         out = run([meshbridge, "get", WEB, "--server", f"127.0.0.1:{grpc_port}",

@@ -1,4 +1,4 @@
-"""The kube source against a real kube-apiserver + etcd (tests/integration/kubeapi.py)."""
+"""The kube source against a real kube-apiserver + etcd (testkit/kubeapi.py)."""
 
 from __future__ import annotations
 
@@ -16,27 +16,20 @@ from kubernetes import client, config
 
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.sources.kube import KubeSource
-from bridge.views import View, ViewChange
+from bridge.views import View
 from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually
+from testkit.recorders import ViewRecorder
 from xds_api.service import XdsOptions
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 LINKERD_METADATA = XdsOptions(endpoint_metadata="linkerd")
 WAIT = 15.0  # seconds for a write to reach the clients through a real API server
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.changes: list[ViewChange] = []
-
-    def on_view_change(self, view: View, change: ViewChange) -> None:
-        self.changes.append(change)
 
 
 @pytest.fixture
@@ -139,8 +132,8 @@ async def start_app(kube_apiserver: KubeAPIServer) -> AsyncIterator[Callable[...
         await app.stop(0.2)
 
 
-def watch(app: App, ns: str, service: str = "web") -> tuple[View, Recorder]:
-    rec = Recorder()
+def watch(app: App, ns: str, service: str = "web") -> tuple[View, ViewRecorder]:
+    rec = ViewRecorder()
     view = app.views.subscribe(ViewKey(ServiceKey(ns, service), 80, FilterKey()), rec, "test")
     return view, rec
 

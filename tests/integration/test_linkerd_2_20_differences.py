@@ -20,10 +20,10 @@ from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.service import LinkerdOptions
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.linkerd_support import Stream, channel_to
-from tests.polling import eventually
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.linkerd import Stream, channel_to
+from testkit.polling import eventually
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

@@ -25,7 +25,7 @@ from linkerd_api.identity import IdentityOptions, IdentityService
 from linkerd_api.proto import identity_pb2
 from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.layers import protocol_layers
-from tests.integration.linkerd_support import Stream
+from testkit.linkerd import Stream
 from tests.integration.test_linkerd_identity import CERTIFY, TOKENS, WEB, csr_for
 
 DESTINATION = "linkerd-destination.linkerd.serviceaccount.identity.linkerd.cluster.local"

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App
-from tests.polling import eventually
+from testkit.polling import eventually
 
 TARGET = "catalog.shop.svc.cluster.local:80"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_serve import free_port, ready
-from tests.polling import eventually_sync
+from testkit.net import free_port, ready
+from testkit.polling import eventually_sync
 
 SPELLINGS = ["web.emojivoto:80", "web.emojivoto", "web.emojivoto.svc:80",
              "web.emojivoto.svc.cluster.local:80",

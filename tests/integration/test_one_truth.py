@@ -17,8 +17,8 @@ from bridge.authority import parse_authority
 from harness.clients import LinkerdClient, XdsClient
 from harness.normalize import NormalEndpoint, State
 from meshbridge.app import App
+from testkit.polling import eventually
 from tests.conftest import AppFactory
-from tests.polling import eventually
 from xds_api.service import XdsOptions
 
 

@@ -7,34 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.polling import eventually_sync
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def ready(admin_port: int) -> bool:
-    try:
-        return http_get(f"http://127.0.0.1:{admin_port}/ready")[0] == 200
-    except OSError:
-        return False
+from testkit.net import free_port, http_get, ready
+from testkit.polling import eventually_sync
 
 
 def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> None:

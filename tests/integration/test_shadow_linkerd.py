@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import ipaddress
 import shutil
-import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -26,6 +25,7 @@ from linkerd_api.proto import destination_pb2
 from linkerd_api.service import LinkerdOptions
 from meshbridge.app import App
 from meshbridge.layers import layer
+from testkit.net import free_port
 from tests.conftest import AppFactory
 from tests.integration.shadow_support import (
     BILLING,
@@ -314,9 +314,7 @@ async def test_bad_peers_are_reported_per_target_while_the_rest_compares(
     await run.finish()
 
     # A server that speaks only xDS, and one that is not there at all.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    closed = f"127.0.0.1:{free_port()}"
     for peer, code in ((addr(xds_only), "UNIMPLEMENTED"), (closed, "UNAVAILABLE")):
         run = ShadowRun("--api", "linkerd", "--ours", addr(ours), "--theirs", peer,
                         "--targets", str(targets))

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import sys
 from collections.abc import AsyncIterator
 from functools import partial
@@ -24,6 +23,7 @@ from harness.clients import ADS_SOTW, EDS_TYPE
 from harness.shadow.sides import LINKERD_METADATA
 from meshbridge.app import App
 from meshbridge.layers import layer
+from testkit.net import free_port
 from tests.conftest import AppFactory
 from tests.integration.shadow_support import (
     BILLING,
@@ -54,12 +54,6 @@ def make_app(make_app: AppFactory) -> AppFactory:
 
 def addr(app: App) -> str:
     return f"127.0.0.1:{app.grpc_port}"
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def copy(folder: Path, to: Path) -> Path:
@@ -156,7 +150,7 @@ async def test_an_unreachable_theirs_is_an_error_per_target(
     targets = tmp_path / "targets"
     targets.write_text(f"{WEB}\n{BILLING}\n")
     run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs",
-                    f"127.0.0.1:{closed_port()}", "--targets", str(targets))
+                    f"127.0.0.1:{free_port()}", "--targets", str(targets))
     def answered() -> dict[str, dict[str, object]] | None:
         # theirs fails at once; ours may answer later on a loaded machine
         latest = run.settled()
@@ -293,5 +287,5 @@ async def test_the_command_exits_zero_only_if_every_target_agrees(
     assert [u["target"] for u in lines[-1]["unagreed"]] == [BILLING]
 
     rc, _ = await _cli(*common, "--theirs", addr(theirs), "--ours",
-                       f"127.0.0.1:{closed_port()}", "--connect-timeout", "1")
+                       f"127.0.0.1:{free_port()}", "--connect-timeout", "1")
     assert rc == 2  # --all needs ours' CDS

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.test_serve import free_port, ready
-from tests.polling import eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.net import free_port, ready
+from testkit.polling import eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

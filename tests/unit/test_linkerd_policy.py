@@ -19,7 +19,7 @@ from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import ServiceTarget, UnknownTarget
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import outbound_pb2 as ob
-from tests.unit.builders import delete, load, pod, service
+from testkit.builders import delete, load, pod, service
 
 CONFIG = MeshConfig()
 NETS = tuple(ipaddress.ip_network(n) for n in outbound.DEFAULT_CLUSTER_NETWORKS)

@@ -24,7 +24,7 @@ from linkerd_api.service import (
 )
 from meshbridge.app import App, ServeOptions
 from meshbridge.cli import parse_args
-from tests.unit.builders import load, pod, service
+from testkit.builders import load, pod, service
 
 
 def app_with(*layer_options: object) -> App:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from tests.unit.builders import load, service
-from tests.unit.xds_support import CDS, EDS, World, ips, name, unpack
+from testkit.builders import load, service
+from testkit.xds_model import CDS, EDS, World, ips, name, unpack
 
 WEB, API = name("web"), name("api")
 

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.xds_support import (
+from testkit.xds_model import (
     CDS,
     EDS,
     LDS,

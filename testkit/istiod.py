@@ -36,10 +36,10 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2
 from google.protobuf import json_format
 from kubernetes import client, config
 
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually_sync
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually_sync
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 ISTIOD_SCRIPT: Final = REPO_ROOT / "scripts" / "istiod.sh"
 NAMESPACE: Final = "istio-system"
 CLUSTER_ID: Final = "Kubernetes"

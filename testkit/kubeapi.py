@@ -12,8 +12,8 @@ Service, no namespace is finalized away).
 Usage from a test module (an assignment, not an import of the name, so that
 ruff does not report each test argument as shadowing an import)::
 
-    from tests.integration import kubeapi
-    from tests.integration.kubeapi import KubeAPIServer
+    from testkit import kubeapi
+    from testkit.kubeapi import KubeAPIServer
 
     kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -65,9 +65,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from tests.polling import eventually_sync
+from testkit.polling import eventually_sync
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 ENVTEST_SCRIPT: Final = REPO_ROOT / "scripts" / "envtest.sh"
 
 ADMIN_USER: Final = "meshbridge-test-admin"
