@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from meshbridge import cli
 from testkit.net import free_port, http_get, ready
 from testkit.polling import eventually_sync
 
@@ -70,3 +71,10 @@ def test_serve_refuses_a_folder_with_nothing_to_serve_in_one_line(
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1 and str(root) in lines[0], lines
     assert "serving" not in lines[0]
+
+
+def test_version_prints_the_package_version() -> None:
+    proc = subprocess.run([sys.executable, "-m", "meshbridge", "--version"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.strip() == f"meshbridge {cli.version()}"
+    assert cli.version() != "unknown"

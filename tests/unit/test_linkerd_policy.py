@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import ipaddress
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -410,17 +407,6 @@ def test_policy_kinds_have_tombstones() -> None:
                  "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication"):
         obj = tombstone(kind, "ns", "n")
         assert obj is not None and obj.kind == kind
-
-
-@pytest.mark.parametrize("first", ["bridge.policy_objects", "bridge.objects"])
-def test_either_object_module_may_be_imported_first(first: str) -> None:
-    code = (f"import {first}\n"
-            "from bridge.objects import decode_object\n"
-            "r = decode_object({'kind': 'GRPCRoute', 'metadata': {'name': 'a', "
-            "'namespace': 'b'}})\n"
-            "assert r is not None and r.kind == 'GRPCRoute'\n")
-    subprocess.run([sys.executable, "-c", code], check=True,
-                   cwd=Path(__file__).resolve().parents[2])
 
 
 def test_the_pods_http_probes_get_a_probe_route_from_the_probe_networks() -> None:

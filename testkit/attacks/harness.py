@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 SERVER_ROOT = Path(os.environ.get("MESHBRIDGE_ATTACK_SERVER_ROOT", str(REPO)))
 
 # The native server's defences, as flags of `meshbridge serve`. ONE place: the
-# attack budgets in test_attacks.py are derived from these values. Flags that
+# attack budgets in budgets.py are derived from these values. Flags that
 # `meshbridge serve --help` does not list (yet) are left out (see server_flags()).
 SERVER_FLAGS: dict[str, str] = {
     "--h2-handshake-timeout": "2",
@@ -463,7 +463,7 @@ async def run_attack(server: Server, name: str, seconds: float,
         if check_gauges:
             report.gauges_baseline = await asyncio.to_thread(server.gauges)
 
-        cmd = [sys.executable, "-m", "tests.attacks.attackers", name, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "testkit.attacks.attackers", name, "--host", "127.0.0.1",
                "--port", str(server.port), "--seconds", str(seconds), *args]
         done = asyncio.Event()
         t0 = time.monotonic()
