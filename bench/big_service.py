@@ -49,7 +49,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import finish, row
+from bench.common import finish, parser, row
 from testkit.polling import eventually
 from testkit.processes import Child
 
@@ -356,8 +356,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.big_service", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("big_service", __doc__)
     p.add_argument("--endpoints", default="100,1000,10000",
                    help="service sizes for the CPU figures, comma-separated")
     p.add_argument("--changes", type=int, default=300, help="changes per CPU run")
@@ -371,7 +370,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="changes per run (a p99 wants at least 100)")
     p.add_argument("--latency-runs", type=int, default=3)
     p.add_argument("--streams", type=int, default=5, help="Linkerd Get streams")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     return finish("big_service", run(args), args.json, rows, report)
 

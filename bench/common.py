@@ -18,6 +18,7 @@ the table is a median of several runs and says how many.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import statistics
@@ -85,6 +86,21 @@ class GcPauses:
 
 def print_json(bench: str, rows: list[dict[str, Any]], details: dict[str, Any]) -> None:
     print(json.dumps({"bench": bench, "rows": rows, "details": details}, indent=1))
+
+
+def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """`python -m bench.NAME`'s command line, with `--json` (the rows for `python -m
+    bench`) already on it."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return p
+
+
+def client_arguments(p: argparse.ArgumentParser) -> None:
+    """The hidden arguments a benchmark's client process is started with (`Child`)."""
+    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--server", help=argparse.SUPPRESS)
 
 
 def finish(bench: str, result: dict[str, Any], as_json: bool,

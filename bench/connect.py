@@ -31,7 +31,7 @@ import grpc
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from bench.common import GcPauses, cpu_seconds, finish, row
+from bench.common import GcPauses, client_arguments, cpu_seconds, finish, parser, row
 from bench.h2client import LeanConnection
 from linkerd_api.proto import destination_pb2
 from meshbridge import gctune
@@ -330,8 +330,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.connect", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("connect", __doc__)
     p.add_argument("--clients", type=int, default=TARGET_CLIENTS)
     p.add_argument("--targets", type=int, default=2)
     p.add_argument("--services", type=int, default=1000)
@@ -339,12 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--json", action="store_true")
     p.add_argument("--clients-kind", choices=("lean", "grpcio"), default="lean",
                    help="the clients: bench/h2client.py (default) or grpc.aio channels "
                         "(harness/clients.py)")
-    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--server", help=argparse.SUPPRESS)
+    client_arguments(p)
     p.add_argument("--proc", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:

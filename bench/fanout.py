@@ -27,11 +27,13 @@ import gc
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import grpc
 
-from bench.common import cpu_seconds, finish, row
+from bench.common import client_arguments, cpu_seconds, finish, parser, row
 from meshbridge import gctune
 from testkit.polling import eventually
 from testkit.processes import Child, commands, out_line, rss_kib
@@ -112,37 +114,32 @@ async def run_client(args: argparse.Namespace) -> int:
             got(n, time.monotonic())
             n += 1
 
-    async def sotw(i: int) -> None:
-        call = channels[i % len(channels)].stream_stream(ADS_SOTW)()
-        first = discovery_pb2.DiscoveryRequest(type_url=EDS, resource_names=[TARGET])
+    async def ads(i: int, delta: bool) -> None:
+        """An ADS stream on the target's CLA that ACKs every response, as Envoy does."""
+        request: Any = discovery_pb2.DeltaDiscoveryRequest if delta \
+            else discovery_pb2.DiscoveryRequest
+        response: Any = discovery_pb2.DeltaDiscoveryResponse if delta \
+            else discovery_pb2.DiscoveryResponse
+        names = {"resource_names_subscribe" if delta else "resource_names": [TARGET]}
+        call = channels[i % len(channels)].stream_stream(ADS_DELTA if delta else ADS_SOTW)()
+        first = request(type_url=EDS, **names)
         first.node.id = f"bench-{i}"
         await call.write(first.SerializeToString())
         n = 0
         while (raw := await call.read()) is not grpc.aio.EOF:
             now = time.monotonic()
-            resp = discovery_pb2.DiscoveryResponse.FromString(raw)
+            resp = response.FromString(raw)
             got(n, now)
             n += 1
-            await call.write(discovery_pb2.DiscoveryRequest(
+            # SotW: an ACK names the resources again, with the version; delta: the nonce.
+            ack = request(type_url=EDS, response_nonce=resp.nonce) if delta else request(
                 type_url=EDS, resource_names=[TARGET], version_info=resp.version_info,
-                response_nonce=resp.nonce).SerializeToString())
+                response_nonce=resp.nonce)
+            await call.write(ack.SerializeToString())
 
-    async def delta(i: int) -> None:
-        call = channels[i % len(channels)].stream_stream(ADS_DELTA)()
-        first = discovery_pb2.DeltaDiscoveryRequest(type_url=EDS,
-                                                    resource_names_subscribe=[TARGET])
-        first.node.id = f"bench-{i}"
-        await call.write(first.SerializeToString())
-        n = 0
-        while (raw := await call.read()) is not grpc.aio.EOF:
-            now = time.monotonic()
-            resp = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
-            got(n, now)
-            n += 1
-            await call.write(discovery_pb2.DeltaDiscoveryRequest(
-                type_url=EDS, response_nonce=resp.nonce).SerializeToString())
-
-    follow = {"get": linkerd, "sotw": sotw, "delta": delta}[args.protocol]
+    followers: dict[str, Callable[[int], Coroutine[Any, Any, None]]] = {
+        "get": linkerd, "sotw": partial(ads, delta=False), "delta": partial(ads, delta=True)}
+    follow = followers[args.protocol]
     tasks: list[asyncio.Task[None]] = []
     for goal in (args.first_phase, args.streams):
         arrivals.expect(goal)
@@ -367,15 +364,13 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.fanout", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("fanout", __doc__)
     p.add_argument("--protocol", choices=PROTOCOLS, default="get")
     p.add_argument("--streams", type=int, default=TARGET_STREAMS)
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--channels", type=int, default=50,
                    help="client connections the streams are spread over")
     p.add_argument("--endpoints", type=int, default=10)
-    p.add_argument("--json", action="store_true")
     p.add_argument("--profile", metavar="FILE",
                    help="profile the server during the runs (pyinstrument) into FILE")
     p.add_argument("--trace-memory", action="store_true",
@@ -383,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", choices=("lean", "grpcio"), default="lean",
                    help="the client streams: bench/h2client.py's callbacks (default) or "
                         "one grpc.aio call and task per stream")
-    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--server", help=argparse.SUPPRESS)
+    client_arguments(p)
     p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:

@@ -136,6 +136,22 @@ def edit(folder: Path, change: Callable[[dict[str, Any]], dict[str, Any] | None]
     return changed
 
 
+def drop_an_endpoint(folder: Path, ns: str, service: str) -> None:
+    """A scale-down: the first endpoint of the service's first EndpointSlice goes."""
+    done: list[bool] = []
+
+    def change(doc: dict[str, Any]) -> dict[str, Any]:
+        md = doc.get("metadata") or {}
+        if not done and doc.get("kind") == "EndpointSlice" and md.get("namespace") == ns \
+                and (md.get("labels") or {}).get("kubernetes.io/service-name") == service:
+            doc["endpoints"] = doc["endpoints"][1:]
+            done.append(True)
+        return doc
+
+    edit(folder, change)
+    assert done, f"no EndpointSlice of {ns}/{service}"
+
+
 def named(kind_: str, ns: str, name: str) -> Callable[[dict[str, Any]], bool]:
     def match(doc: dict[str, Any]) -> bool:
         md = doc.get("metadata") or {}

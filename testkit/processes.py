@@ -1,5 +1,6 @@
-"""Child processes that talk JSON lines, and this process's resident memory: what the
-benchmarks and the soak test share to drive a client process and measure the server.
+"""Processes a test or benchmark starts: a server run until a test is done with it
+(`running`, `stop`), client processes that talk JSON lines, and this process's
+resident memory.
 
 A parent starts `python -m MODULE --client ARGS...` with `Child.start`, reads its
 lines with `Child.line` and sends it commands with `Child.send`; the child reads them
@@ -9,12 +10,18 @@ with `commands()` and answers with `out_line(...)`. Closing the child's stdin en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
+import signal
+import subprocess
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from testkit.polling import Why, eventually_sync
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,6 +35,32 @@ def rss_kib() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@contextlib.contextmanager
+def running(argv: Sequence[str | os.PathLike[str]], started: Callable[[], bool], what: Why,
+            timeout: float = 30.0, **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+    """`argv` running, once `started()` holds (failing at once, saying `what`, if it
+    exits first); killed at the end if still running. A test that wants it to end
+    cleanly ends it itself (`stop`)."""
+    proc = subprocess.Popen([os.fspath(a) for a in argv], **popen)
+    try:
+        eventually_sync(lambda: proc.poll() is not None or started(), timeout, what)
+        if proc.poll() is not None:
+            why = what() if callable(what) else what
+            raise AssertionError(f"{why}: it exited with status {proc.returncode}")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def stop(proc: subprocess.Popen[Any], timeout: float = 20.0) -> str:
+    """SIGTERM, then wait for the exit; returns what it wrote to a piped stdout."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=timeout)
+    return str(out or "")
 
 
 def out_line(**fields: Any) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import zipfile
@@ -16,7 +15,7 @@ from pathlib import Path
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
 from testkit.net import free_port, ready
-from testkit.polling import eventually_sync
+from testkit.processes import running, stop
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -113,18 +112,9 @@ def test_the_entrypoint_serves_the_kube_source_until_sigterm(
             "--admin", f"127.0.0.1:{admin_port}"]
     env = {**os.environ, "KUBECONFIG": str(kube_apiserver.kubeconfig_path)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    try:
-        eventually_sync(lambda: proc.poll() is not None or ready(admin_port), 30,
-                        "/ready never answered 200")
-        assert proc.poll() is None, "the entrypoint exited"
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    with running(argv, lambda: ready(admin_port), "/ready never answered 200", env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        out = stop(proc, timeout=30)
     assert proc.returncode == 0
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     events = [line["event"] for line in lines]

@@ -7,7 +7,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -18,12 +18,12 @@ from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.sources.kube import KubeSource
 from bridge.views import View
 from harness.clients import LinkerdClient, XdsClient
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
+from meshbridge.app import App
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
 from testkit.polling import eventually
 from testkit.recorders import ViewRecorder
+from testkit.serving import Apps
 from xds_api.service import XdsOptions
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
@@ -113,23 +113,14 @@ def objs(api: client.ApiClient) -> Iterator[Objects]:
 
 
 @pytest.fixture
-async def start_app(kube_apiserver: KubeAPIServer) -> AsyncIterator[Callable[..., Any]]:
-    apps: list[App] = []
-
+def start_app(kube_apiserver: KubeAPIServer, apps: Apps) -> Callable[..., Any]:
     async def start(**source_options: Any) -> App:
         source = KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path), **source_options)
         # Clients are compared field for field, identity and hints included: over xDS
         # those travel in the linkerd endpoint metadata profile.
-        app = App(source, options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
-                                               layer_options=(LINKERD_METADATA,)),
-                  layers=protocol_layers())
-        apps.append(app)
-        await app.start()
-        return app
+        return await apps.start(source, layer_options=(LINKERD_METADATA,))
 
-    yield start
-    for app in apps:
-        await app.stop(0.2)
+    return start
 
 
 def watch(app: App, ns: str, service: str = "web") -> tuple[View, ViewRecorder]:

@@ -36,6 +36,7 @@ from testkit.envoy import envoy_binary
 from testkit.linkerd import Stream
 from testkit.net import free_port, http_text, ready
 from testkit.polling import eventually_seen, eventually_sync
+from testkit.processes import running
 from tests.conftest import AppFactory
 from tests.integration.test_linkerd_identity_tls import (
     certify_over,
@@ -93,20 +94,10 @@ def meshbridge_serve() -> Iterator[tuple[int, int]]:
     args[args.index("--listen") + 1] = f"127.0.0.1:{grpc_port}"
     args[args.index("--admin") + 1] = f"127.0.0.1:{admin_port}"
     assert args[:3] == ["serve", "--source", "demo"]
-    proc = subprocess.Popen([sys.executable, "-m", "meshbridge.cli", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        eventually_sync(lambda: ready(admin_port), 30,
-                        "meshbridge serve ready")
+    with running([sys.executable, "-m", "meshbridge.cli", *args], lambda: ready(admin_port),
+                 "meshbridge serve ready", stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}):
         yield grpc_port, admin_port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def update_stats(admin: int) -> dict[str, int]:
@@ -146,23 +137,16 @@ def envoy(bootstrap: str, workdir: Path) -> Iterator[int]:
     config = workdir / "bootstrap.yaml"
     config.write_text(bootstrap)
     address, log = workdir / "admin-address", workdir / "envoy.log"
-    proc = subprocess.Popen(
-        [binary, "-c", str(config), "--admin-address-path", str(address),
-         "--disable-hot-restart", "--concurrency", "1", "--log-path", str(log),
-         "--drain-time-s", "0"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        eventually_sync(lambda: proc.poll() is not None or (
-            address.exists() and bool(address.read_text().strip())), 30, "Envoy's admin")
-        assert proc.poll() is None, log.read_text()[-3000:]
+    def admin_written() -> bool:
+        return address.exists() and bool(address.read_text().strip())
+
+    with running([binary, "-c", config, "--admin-address-path", address,
+                  "--disable-hot-restart", "--concurrency", "1", "--log-path", log,
+                  "--drain-time-s", "0"], admin_written,
+                 lambda: f"Envoy's admin; its log: {log.read_text()[-3000:]}",
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL):
         yield int(address.read_text().strip().rsplit(":", 1)[1])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 WEB = "web.emojivoto.svc.cluster.local:80"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,43 +12,24 @@ import pytest
 
 from meshbridge import cli
 from testkit.net import free_port, http_get, ready
-from testkit.polling import eventually_sync
+from testkit.processes import running, stop
 
 
 def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> None:
     grpc_port, admin_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "meshbridge.cli",
-            "serve",
-            "--listen",
-            f"127.0.0.1:{grpc_port}",
-            "--admin",
-            f"127.0.0.1:{admin_port}",
-            "--log-format",
-            "json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
+    with running([sys.executable, "-m", "meshbridge.cli", "serve",
+                  "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}",
+                  "--log-format", "json"], lambda: ready(admin_port),
+                 "/ready never answered 200", stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True,
+                 env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
         assert http_get(f"http://127.0.0.1:{admin_port}/live")[0] == 200
         code, metrics = http_get(f"http://127.0.0.1:{admin_port}/metrics")
         assert code == 200 and "process_resident_memory_bytes" in metrics
         assert http_get(f"http://127.0.0.1:{admin_port}/nope")[0] == 404
         with socket.create_connection(("127.0.0.1", grpc_port), timeout=2):
             pass
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out = stop(proc)
     assert proc.returncode == 0
     # Every demo service port is announced with its endpoint count.
     assert '"service": "catalog"' in out and '"endpoints": 6' in out

@@ -154,12 +154,8 @@ class DeltaModel:
             assert self.held[t] == want, (t, sorted(self.held[t]), sorted(want))
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(steps, min_size=1, max_size=12))
-def test_a_sotw_client_converges_to_the_truth_and_then_hears_nothing(
-        script: list[tuple[Any, ...]]) -> None:
-    world = World(with_services=False)
-    model = SotwModel(world.sotw())
+def play(world: World, model: SotwModel | DeltaModel, script: list[tuple[Any, ...]]) -> None:
+    """Every step of `script`, the client checked against the truth after each."""
     for step in script:
         if step[0] == "subscribe":
             model.subscribe(step[1], step[2])
@@ -167,6 +163,15 @@ def test_a_sotw_client_converges_to_the_truth_and_then_hears_nothing(
             apply_step(world, step)
         model.drain()
         model.check(world)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(steps, min_size=1, max_size=12))
+def test_a_sotw_client_converges_to_the_truth_and_then_hears_nothing(
+        script: list[tuple[Any, ...]]) -> None:
+    world = World(with_services=False)
+    model = SotwModel(world.sotw())
+    play(world, model, script)
     for t in list(model.asked):
         model.client.ack(t, model.asked[t])
     assert model.drain() == 0
@@ -178,13 +183,7 @@ def test_a_delta_client_converges_to_the_truth_and_then_hears_nothing(
         script: list[tuple[Any, ...]]) -> None:
     world = World(with_services=False)
     model = DeltaModel(world.delta())
-    for step in script:
-        if step[0] == "subscribe":
-            model.subscribe(step[1], step[2])
-        else:
-            apply_step(world, step)
-        model.drain()
-        model.check(world)
+    play(world, model, script)
     for t in list(model.wanted):
         model.client.ack(t)
     assert model.drain() == 0
