@@ -142,6 +142,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     from bridge.sources import SourceSpecError, make_source
     from meshbridge.app import App, ServeOptions, TlsFiles
+    from meshbridge.host import LayerError
     from meshbridge.startup import (
         check_kube_access,
         check_listen_address,
@@ -192,14 +193,17 @@ async def _serve(args: argparse.Namespace) -> int:
         log.error("bad protocol-layer option", reason=str(e))
         return 2
     app = App(source, mesh_config(args),
-              ServeOptions(args.listen, args.admin, vars(args), limits, tls,
-                           args.grpc_transport, layer_options), layers.protocol_layers())
+              ServeOptions(args.listen, args.admin, limits, tls, args.grpc_transport,
+                           layer_options), layers.protocol_layers())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         await app.start(wait_synced=False)
+    except LayerError as e:  # a layer that does not keep to meshbridge.host's interface
+        log.error(str(e))
+        return 2
     except OSError as e:
         # Which port: the gRPC one is bound first, so no admin port means the gRPC one.
         flag, addr = ("--admin", args.admin) if app.grpc_port else ("--listen", args.listen)

@@ -13,9 +13,10 @@
                            address, differences highlighted; JSON with ?format=json or
                            Accept: application/json)
 
-Protocol layers add a renderer to `App.renderers`: a function from a View to
-`(endpoints, message)`, where `endpoints` maps "ip:port" to the fields that protocol
-carries (for the comparison) and `message` is the encoded message as proto-JSON.
+Protocol layers add a renderer (`Host.add_renderer`, meshbridge.host.Renderer): a
+function from a View to `(endpoints, message)`, where `endpoints` maps "ip:port" to
+the fields that protocol carries (for the comparison) and `message` is the encoded
+message as proto-JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import html
 import json
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.authority import AuthorityError, format_authority, parse_authority
@@ -34,8 +34,6 @@ from meshbridge.stream_registry import human_time
 if TYPE_CHECKING:
     from bridge.views import View
     from meshbridge.app import App
-
-Renderer = Callable[["View"], tuple[dict[str, dict[str, Any]], Any]]
 
 _ENDPOINTS_PARAMS = {"authority", "node", "format"}
 

@@ -4,7 +4,8 @@ of them imports another's modules and no helper is written twice. New tests buil
     polling        eventually / eventually_seen / eventually_sync: the one way to wait
                    (poll with a deadline, never a bare sleep)
     net            free_port(s), http_get / http_text, ready (an admin port's /ready)
-    recorders      ViewRecorder: a View subscriber that keeps every change
+    recorders      ViewRecorder (a View subscriber that keeps every change),
+                   HandlerRecorder (a gRPC server stand-in that keeps a layer's handlers)
     builders       Kubernetes-shaped manifests, decoded and applied to a Cluster
     xds_model      the model xDS clients: a Cluster, its Views and an xDS cache in
                    memory (World), driven by SotW and delta clients with real requests

@@ -12,7 +12,8 @@ from typing import Any
 from bridge.cluster import Cluster, Event, EventType
 from bridge.model import MeshConfig
 from bridge.sources import Source
-from meshbridge.app import App, ProtocolLayer, ServeOptions
+from meshbridge.app import App, ServeOptions
+from meshbridge.host import Layer
 from meshbridge.layers import protocol_layers
 from meshbridge.limits import LOOPBACK_CROWD, Limits
 
@@ -34,7 +35,7 @@ class StaticSource:
 
 
 def loopback_app(source: Source, config: MeshConfig | None = None,
-                 layers: Iterable[ProtocolLayer] | None = None, **options: Any) -> App:
+                 layers: Iterable[Layer] | None = None, **options: Any) -> App:
     """An App (not started) on 127.0.0.1 with its gRPC and admin ports free ones unless
     `options` (ServeOptions' fields) say otherwise; every protocol layer by default."""
     serve = ServeOptions(**{"listen": "127.0.0.1:0", "admin": "127.0.0.1:0", **options})
@@ -48,7 +49,7 @@ class Apps:
         self.started: list[App] = []
 
     async def start(self, source: Source, config: MeshConfig | None = None,
-                    layers: Iterable[ProtocolLayer] | None = None, **options: Any) -> App:
+                    layers: Iterable[Layer] | None = None, **options: Any) -> App:
         app = loopback_app(source, config, layers, **options)
         self.started.append(app)
         await app.start()

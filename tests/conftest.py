@@ -13,7 +13,8 @@ import pytest
 from bridge.model import MeshConfig
 from bridge.sources import DEMO_DIR
 from bridge.sources.files import FilesSource
-from meshbridge.app import App, ProtocolLayer
+from meshbridge.app import App
+from meshbridge.host import Layer
 from testkit.serving import Apps
 
 AppFactory = Callable[..., Any]
@@ -42,7 +43,7 @@ def make_app(apps: Apps) -> AppFactory:
     layer_options=(XdsOptions(...), ...)): an App on a manifest folder, started."""
 
     async def factory(manifests: Path, config: MeshConfig | None = None,
-                      layers: Iterable[ProtocolLayer] | None = None,
+                      layers: Iterable[Layer] | None = None,
                       grpc_transport: str = "native",
                       layer_options: tuple[object, ...] = ()) -> App:
         return await apps.start(FilesSource(manifests, poll_interval=0.05), config, layers,

@@ -28,9 +28,7 @@ from google.protobuf.message import DecodeError
 
 from bridge.model import ResolvedEndpoint
 from bridge.views import View
-from meshbridge.host import Host
-from meshbridge.stream_registry import StreamInfo
-from meshbridge.writes import NowaitWriter, nowait_writer
+from meshbridge.host import GrpcServer, Host, Layer, NowaitWriter, StreamInfo, nowait_writer
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
@@ -137,7 +135,7 @@ def options_from_args(args: argparse.Namespace) -> XdsOptions:
                       leds_threshold=int(args.xds_leds_threshold))
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     """Mount the xDS services on the host's gRPC server; the service is kept on the
     host as "xds" (tests and tools reach it with `host.service("xds")`)."""
     service = XdsService(host, host.options_for(XdsOptions))
@@ -145,6 +143,9 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     host.on_stop(service.stop)
     host.add_renderer("xds", service.render_view)
     host.keep("xds", service)
+
+
+LAYER = Layer("xds_api.service", register, XdsOptions)
 
 
 def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:

@@ -32,8 +32,7 @@ from linkerd_api.policy.outbound import DEFAULT_CLUSTER_NETWORKS, Network, Unkno
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
-from meshbridge.host import Host
-from meshbridge.stream_registry import StreamInfo
+from meshbridge.host import GrpcServer, Host, Layer, StreamInfo
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
@@ -115,11 +114,14 @@ def options_from_args(args: argparse.Namespace) -> PolicyOptions:
                          tuple(args.probe_networks))
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     service = PolicyService(host, host.options_for(PolicyOptions))
     server.add_generic_rpc_handlers(service.handlers())
     host.on_stop(service.stop)
     host.keep("policy", service)
+
+
+LAYER = Layer("linkerd_api.policy.service", register, PolicyOptions)
 
 
 class PolicyStream:
