@@ -36,7 +36,7 @@ import grpc
 from bench.common import client_arguments, cpu_seconds, finish, parser, row
 from meshbridge import gctune
 from testkit.polling import eventually
-from testkit.processes import Child, commands, out_line, rss_kib
+from testkit.processes import Child, out_line, parent_closed, rss_kib
 
 PROTOCOLS = ("get", "sotw", "delta")
 TITLES = {"get": "Linkerd Get", "sotw": "xDS SotW EDS", "delta": "xDS delta EDS"}
@@ -146,8 +146,7 @@ async def run_client(args: argparse.Namespace) -> int:
         tasks.extend(asyncio.create_task(follow(i)) for i in range(len(tasks), goal))
         await asyncio.wait_for(arrivals.ready.wait(), 300)
         out_line(ready=goal)
-    reader = await commands()
-    await reader.read()  # until the parent closes stdin
+    await parent_closed()
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -222,8 +221,7 @@ async def run_lean_client(args: argparse.Namespace) -> int:
         started = goal
         await asyncio.wait_for(arrivals.ready.wait(), 300)
         out_line(ready=goal)
-    reader = await commands()
-    await reader.read()  # until the parent closes stdin
+    await parent_closed()
     for c in conns:
         c.close()
     return 0
