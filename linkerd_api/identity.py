@@ -142,7 +142,7 @@ def register(host: Host, server: GrpcServer) -> None:
     host.keep("identity", service)
 
 
-LAYER = Layer("linkerd_api.identity", register, IdentityOptions)
+LAYER = Layer("linkerd_api.identity", register, (IdentityOptions,))
 
 
 def reviewer_for(host: Host, options: IdentityOptions) -> TokenReviewer:

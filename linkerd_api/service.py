@@ -132,7 +132,7 @@ def register(host: Host, server: GrpcServer) -> None:
     host.keep("linkerd", service)
 
 
-LAYER = Layer("linkerd_api.service", register, LinkerdOptions)
+LAYER = Layer("linkerd_api.service", register, (LinkerdOptions,))
 
 
 class DestinationService:

@@ -239,9 +239,9 @@ class App:
     def _mount(self, server: GrpcServer) -> None:
         """Register every layer, each with a host of its own; LayerError, naming the
         layer, when one does not keep to meshbridge.host's interface."""
-        declared = {layer.options for layer in self.layers if layer.options is not None}
+        declared = tuple({kind for layer in self.layers for kind in layer.options})
         for given in self.options.layer_options:
-            if not isinstance(given, tuple(declared)):
+            if not isinstance(given, declared):
                 mounted = ", ".join(layer.name for layer in self.layers) or "none"
                 raise LayerError(f"options {type(given).__name__} given, but no mounted "
                                  f"layer declares them (mounted: {mounted})")
@@ -352,8 +352,8 @@ class LayerHost:
         return self._app.kube_credentials()
 
     def options_for(self, kind: type[T]) -> T:
-        if kind is not self._layer.options:
-            declared = self._layer.options.__name__ if self._layer.options else "none"
+        if kind not in self._layer.options:
+            declared = ", ".join(k.__name__ for k in self._layer.options) or "none"
             raise LayerError(f"layer {self._layer.name}: asks for {kind.__name__}, but "
                              f"declares {declared} as its options")
         return self._app.options_for(kind)

@@ -1,6 +1,6 @@
 """What a protocol layer builds against: the one module of the process a layer imports.
 
-A layer module exposes `LAYER = Layer(name, register, options)`. The App calls
+A layer module exposes `LAYER = Layer(name, register, (Options, ...))`. The App calls
 `register(host, server)` with a `Host` of that layer's own (the cluster cache, the
 Views, the mesh configuration, the metrics registry, the stream registry, the gRPC
 port's limits, its own typed options, what identity needs to know of the source and
@@ -112,8 +112,8 @@ class Host(Protocol):
         rotate), e.g. for a TokenReview; None when the source is not a Kubernetes API."""
 
     def options_for(self, kind: type[T]) -> T:
-        """This layer's options (the class its `Layer` declares, built from its own
-        flags); `kind()` when none were given."""
+        """This layer's options of a class its `Layer` declares (built from flags);
+        `kind()` when none were given."""
 
     def on_stop(self, hook: Callable[[], None]) -> None:
         """Call `hook` when the process stops (end every stream, say)."""
@@ -134,11 +134,12 @@ class Host(Protocol):
 @dataclass(frozen=True, slots=True)
 class Layer:
     """A protocol layer as the App mounts it: its name (for messages), what registers
-    it on the gRPC server, and the class of options it reads (`Host.options_for`)."""
+    it on the gRPC server, and the classes of options it reads (`Host.options_for`):
+    its own, and any it shares with a sibling layer."""
 
     name: str
     register: Callable[[Host, GrpcServer], None]
-    options: type[Any] | None = None
+    options: tuple[type[Any], ...] = ()
 
 
 class LayerError(ValueError):

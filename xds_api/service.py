@@ -145,7 +145,7 @@ def register(host: Host, server: GrpcServer) -> None:
     host.keep("xds", service)
 
 
-LAYER = Layer("xds_api.service", register, XdsOptions)
+LAYER = Layer("xds_api.service", register, (XdsOptions,))
 
 
 def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:

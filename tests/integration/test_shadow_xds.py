@@ -155,7 +155,8 @@ async def test_an_unreachable_theirs_is_an_error_per_target(
 async def test_a_server_without_xds_is_reported_unimplemented(
         make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
     ours = await make_app(demo_dir)
-    theirs = await make_app(demo_dir, layers=[layer("linkerd_api.service")])
+    # Linkerd's layer alone: no xDS options to give it.
+    theirs = await make_app(demo_dir, layers=[layer("linkerd_api.service")], layer_options=())
     targets = tmp_path / "targets"
     targets.write_text(f"{WEB}\n")
     run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs),

@@ -74,14 +74,14 @@ def test_the_interface_imports_neither_the_app_nor_the_admin_port() -> None:
 def test_every_layer_declares_its_name_and_options() -> None:
     layers = protocol_layers()
     assert [x.name for x in layers] == list(PROTOCOL_LAYERS)
-    assert all(isinstance(x.options, type) for x in layers)
+    assert all(x.options and all(isinstance(k, type) for k in x.options) for x in layers)
 
 
 async def test_a_layer_asking_for_options_it_does_not_declare_stops_the_start() -> None:
     def register(host: Host, server: GrpcServer) -> None:
         host.options_for(XdsOptions)
 
-    message = await refusal(app_of(Layer("greedy", register, LinkerdOptions)))
+    message = await refusal(app_of(Layer("greedy", register, (LinkerdOptions,))))
     assert message == ("layer greedy: asks for XdsOptions, but declares LinkerdOptions "
                        "as its options")
 
@@ -158,7 +158,7 @@ def test_the_host_says_whether_the_port_can_choose_certificates_by_sni() -> None
     cases: tuple[tuple[str, Semantics], ...] = (("native", "proto"),
                                                 ("grpcio", "linkerd-2.20"))
     for transport, semantics in cases:
-        app_of(Layer("probe", register, LinkerdOptions), grpc_transport=transport,
+        app_of(Layer("probe", register, (LinkerdOptions,)), grpc_transport=transport,
                layer_options=(LinkerdOptions(semantics),))._mount(HandlerRecorder())
     assert seen == {"proto": True, "linkerd-2.20": False}
 
