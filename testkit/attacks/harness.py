@@ -90,7 +90,7 @@ def missing_flags() -> list[str]:
     return [f for f in SERVER_FLAGS if f not in text]
 
 
-def http_get(url: str, timeout: float) -> tuple[int, str]:
+def get_if_up(url: str, timeout: float) -> tuple[int, str]:
     """(status, body); (0, "") when nothing answers (the server may be down)."""
     try:
         return net.http_get(url, timeout)
@@ -190,10 +190,10 @@ class Server:
             return ""
 
     def ready(self, timeout: float = READY_TIMEOUT) -> int:
-        return http_get(f"http://127.0.0.1:{self.admin_port}/ready", timeout)[0]
+        return get_if_up(f"http://127.0.0.1:{self.admin_port}/ready", timeout)[0]
 
     def metrics(self) -> str:
-        return http_get(f"http://127.0.0.1:{self.admin_port}/metrics", 5.0)[1]
+        return get_if_up(f"http://127.0.0.1:{self.admin_port}/metrics", 5.0)[1]
 
     def gauges(self, names: tuple[str, ...] = GAUGES) -> dict[str, float | None]:
         """Each gauge's value (summed over its label sets); None if absent."""
