@@ -24,8 +24,9 @@ import structlog
 from bridge.authority import format_authority
 from bridge.cluster import Cluster
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
-from bridge.sources import Source
-from bridge.sources.kube import Credentials, KubeSource
+from bridge.sources.base import Source
+from bridge.sources.kube import KubeSource
+from bridge.sources.kube_api import Credentials
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
@@ -38,6 +39,7 @@ from meshbridge.host import (
     LayerError,
     LayerHooks,
     Renderer,
+    RouteRenderer,
     check_hooks,
 )
 from meshbridge.limits import Limits
@@ -113,13 +115,13 @@ class App:
         layers: Sequence[Layer] = (),
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
-        from bridge.view_metrics import ViewMetrics
         from bridge.views import ViewRegistry
+        from bridge.views.metrics import ViewMetrics
 
         self.config = config or MeshConfig()
         self.options = options or ServeOptions()
         self.source = source
-        self.cluster = Cluster()
+        self.cluster = Cluster(self.config.local_cluster())
         self.metrics = registry or prometheus_client.CollectorRegistry()
         self.views = ViewRegistry(self.cluster, self.config, ViewMetrics(self.metrics))
         if registry is None:
@@ -146,6 +148,7 @@ class App:
         self.streams = StreamRegistry(self.metrics)
         # How each protocol layer encodes a View, for /debug/endpoints.
         self.renderers: dict[str, Renderer] = {}
+        self.route_renderers: dict[str, RouteRenderer] = {}
         self._install_admin_routes()
 
     # ------------------------------------------------------------------ lifecycle
@@ -367,6 +370,9 @@ class LayerHost:
 
     def add_renderer(self, name: str, renderer: Renderer) -> None:
         self._app.renderers[name] = renderer
+
+    def add_route_renderer(self, name: str, renderer: RouteRenderer) -> None:
+        self._app.route_renderers[name] = renderer
 
     def keep(self, name: str, service: object) -> None:
         self._app.keep(name, service)

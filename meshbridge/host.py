@@ -29,22 +29,26 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import prometheus_client
 
 from bridge.cluster import Cluster
-from bridge.model import MeshConfig
+from bridge.model import MeshConfig, ServiceKey
+from bridge.routes.text import RouteRow
 from bridge.views import View, ViewRegistry
 from meshbridge.limits import Limits
 from meshbridge.stream_registry import StreamInfo, StreamRegistry
 
 if TYPE_CHECKING:
-    from bridge.sources.kube import Credentials
+    from bridge.sources.kube_api import Credentials
 
 __all__ = ["GrpcServer", "Host", "Layer", "LayerError", "LayerHooks", "NowaitWriter",
-           "Renderer", "StreamInfo", "check_hooks", "nowait_writer"]
+           "Renderer", "RouteRenderer", "StreamInfo", "check_hooks", "nowait_writer"]
 
 T = TypeVar("T")
 
 # How a layer encodes a View for /debug/endpoints: (the endpoints that protocol
 # carries, by "ip:port", with their fields; the encoded message as proto-JSON).
 Renderer = Callable[[View], tuple[dict[str, dict[str, Any]], Any]]
+# A Service port's routes as one client kind is told them, for a client namespace:
+# the route-table rows and what that kind is not told (Routes §3.4).
+RouteRenderer = Callable[[ServiceKey, int, str], tuple[list[RouteRow], list[str]]]
 
 
 # ---------------------------------------------------------------- writing without awaiting
@@ -123,6 +127,10 @@ class Host(Protocol):
 
     def add_renderer(self, name: str, renderer: Renderer) -> None:
         """How this layer encodes a View, for /debug/endpoints."""
+
+    def add_route_renderer(self, name: str, renderer: RouteRenderer) -> None:
+        """How this layer tells a client kind a Service port's routes, for
+        /debug/endpoints."""
 
     def keep(self, name: str, service: object) -> None:
         """Keep the layer's service on the host (tests and tools find it by name)."""

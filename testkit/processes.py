@@ -110,12 +110,6 @@ class Child:
             await self.proc.wait()
 
 
-async def parent_closed() -> None:
-    """Wait until the parent closes this client process's stdin (`Child.close`)."""
-    reader = await commands()
-    await reader.read()
-
-
 async def commands() -> asyncio.StreamReader:
     """The parent's commands on stdin, as an asyncio reader (client processes)."""
     loop = asyncio.get_running_loop()

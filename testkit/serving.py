@@ -11,7 +11,7 @@ from typing import Any
 
 from bridge.cluster import Cluster, Event, EventType
 from bridge.model import MeshConfig
-from bridge.sources import Source
+from bridge.sources.base import Source
 from meshbridge.app import App, ServeOptions
 from meshbridge.host import Layer
 from meshbridge.layers import protocol_layers

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bridge.model import MeshConfig
-from bridge.sources import DEMO_DIR
+from bridge.sources.catalog import DEMO_DIR
 from bridge.sources.files import FilesSource
 from meshbridge.app import App
 from meshbridge.host import Layer

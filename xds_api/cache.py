@@ -6,8 +6,9 @@ watch and release a subscription's names, and ask what a subscription is due. Ea
 type's rules live in its own module under `xds_api/caches/`:
 
 * EDS (`caches/endpoints.py`): ClusterLoadAssignments from the shared Views. A watched
-  name joins its View as a subscriber; the CLA is encoded once per View version
-  (`View.cached`) and reused by every stream, whatever its protocol variant.
+  name joins its View as a subscriber; the CLA is kept by the View as a derived
+  value, encoded once per View version and handed to every watch of it, whatever
+  its stream's protocol variant.
 * CDS (`caches/clusters.py`): one Cluster per port of every Service (ExternalName
   excepted), rebuilt only for the services a cluster change touches; the CDS version
   moves only on real change.
@@ -20,7 +21,7 @@ type's rules live in its own module under `xds_api/caches/`:
   one route model (`bridge.routes`), per client kind (Envoy, proxyless gRPC) and
   client namespace, each variant encoded once per route change.
 
-The mux owns what the types share: the server's version prefix, the index of service
+The mux owns what the types share: the index of service
 ports (`caches/ports.py`) and the one Cluster listener that keeps it, and tells each
 type what a change did.
 """
@@ -71,8 +72,8 @@ class ResourceCache:
         self.cluster_domain = cluster_domain
         self.draining = draining
         self.metrics = metrics or XdsMetrics()
-        # Versions are per type and per server (§1.2): a prefix unique to this process
-        # keeps a reconnecting client's old version from matching a new one.
+        # Each type's change count names this process (debugging only: what goes on
+        # the wire is content-derived, §1.2).
         prefix = secrets.token_hex(3)
         self.ports = ServicePorts(cluster_domain)
         self.endpoints = EndpointCache(views, cluster_domain, prefix, draining=draining,
@@ -128,9 +129,9 @@ class ResourceCache:
     def port_names(self) -> list[str]:
         return self.ports.names()
 
-    def cla_of(self, view: View, name: str) -> EncodedResource:
+    def cla_of(self, view: View) -> EncodedResource:
         """The View's CLA, encoded at most once per View version for every stream."""
-        return self.endpoints.cla_of(view, name)
+        return self.endpoints.cla_of(view)
 
     # ------------------------------------------------------------------ watching
 

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import random
 import threading
 import time
@@ -33,10 +32,12 @@ from typing import Any
 
 import prometheus_client
 import structlog
-import urllib3
 
 from bridge.cluster import Cluster, Event, EventType
 from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
+from bridge.routes.index import ROUTE_STORE_KINDS
+from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
+from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
@@ -96,124 +97,6 @@ def watched_kinds(endpoints_api: str) -> list[KindSpec]:
     order = ["Node", "ReplicaSet", "Job", "Pod", "Server", "Service", endpoints,
              "ServiceProfile", *POLICY_KINDS]
     return [KINDS[k] for k in order]
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(f"HTTP {status}: {reason}")
-        self.status = status
-        self.reason = reason
-
-
-class Gone(Exception):
-    """The resourceVersion we watch from has been compacted away: relist."""
-
-
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    host: str
-    headers: dict[str, str]
-    ca_file: str | None
-    cert_file: str | None
-    key_file: str | None
-    verify: bool
-
-
-def load_credentials(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
-    """In-cluster config when running in a pod (and no kubeconfig is named), else
-    KUBECONFIG / ~/.kube/config, as kubectl does."""
-    from kubernetes import client, config  # imported lazily: heavy, and only needed here
-
-    from bridge.sources import SourceSpecError
-
-    cfg = client.Configuration()
-    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException as e:
-            raise SourceSpecError(f"kube source: in-cluster config: {e}") from e
-    else:
-        # The errors name the file and the context looked for (the library's do not).
-        path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        wanted = f"context {context!r}" if context else "its current-context"
-        files = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
-        if not any(os.path.isfile(f) for f in files):
-            raise SourceSpecError(f"kube source: kubeconfig {path}: no such file (give "
-                                  "--kubeconfig, or set KUBECONFIG)")
-        try:
-            config.load_kube_config(config_file=kubeconfig, context=context,
-                                    client_configuration=cfg)
-        except Exception as e:  # the library raises more than ConfigException for bad files
-            reason = str(e).removeprefix("Invalid kube-config file. ")
-            if context and f"name {context} in" in reason:
-                reason = "no such context"
-            raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {reason}") from e
-    headers = {"Accept": "application/json", "User-Agent": "meshbridge"}
-    # Client versions differ in the key they file the bearer token under.
-    token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
-    if token:
-        headers["Authorization"] = token
-    return Credentials(cfg.host.rstrip("/"), headers, cfg.ssl_ca_cert, cfg.cert_file,
-                       cfg.key_file, bool(cfg.verify_ssl))
-
-
-class ApiClient:
-    """GET and streaming GET against the API server, JSON in, JSON out."""
-
-    def __init__(self, creds: Credentials) -> None:
-        self.creds = creds
-        kwargs: dict[str, Any] = {"maxsize": 16, "retries": False}
-        if creds.host.startswith("https"):
-            kwargs["cert_reqs"] = "CERT_REQUIRED" if creds.verify else "CERT_NONE"
-            if creds.ca_file:
-                kwargs["ca_certs"] = creds.ca_file
-            if creds.cert_file:
-                kwargs["cert_file"] = creds.cert_file
-                kwargs["key_file"] = creds.key_file
-        self.pool = urllib3.PoolManager(**kwargs)
-
-    def open(self, path: str, params: dict[str, Any], read_timeout: float) -> Any:
-        resp = self.pool.request(
-            "GET", self.creds.host + path, fields=params, headers=self.creds.headers,
-            preload_content=False,
-            timeout=urllib3.Timeout(connect=5.0, read=read_timeout),
-        )
-        if resp.status >= 300:
-            body = resp.read(65536)
-            resp.release_conn()
-            reason = resp.reason or ""
-            with contextlib.suppress(ValueError):
-                reason = json.loads(body).get("message", reason)
-            if resp.status == 410:
-                raise Gone(reason)
-            raise ApiError(resp.status, reason)
-        return resp
-
-    def get_json(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
-        resp = self.open(path, params, read_timeout=60.0)
-        try:
-            data = json.loads(resp.read())
-        finally:
-            resp.release_conn()
-        if not isinstance(data, dict):
-            raise ApiError(0, f"{path}: response is not an object")
-        return data
-
-    def post_json(self, path: str, body: dict[str, Any], timeout: float = 10.0,
-                  ) -> dict[str, Any]:
-        """One POST (a TokenReview, say): JSON in, JSON out; ApiError on >= 300."""
-        resp = self.pool.request(
-            "POST", self.creds.host + path, body=json.dumps(body).encode(),
-            headers={**self.creds.headers, "Content-Type": "application/json"},
-            timeout=urllib3.Timeout(connect=5.0, read=timeout))
-        try:
-            data = json.loads(resp.data) if resp.data else {}
-        except ValueError:
-            data = None
-        if resp.status >= 300 or not isinstance(data, dict):
-            reason = data.get("message", resp.reason) if isinstance(data, dict) else resp.reason
-            raise ApiError(resp.status, str(reason or ""))
-        return data
 
 
 def newest_update_time(raw: dict[str, Any]) -> float | None:
@@ -425,7 +308,7 @@ def _lines(resp: Any) -> Iterator[bytes]:
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  endpoints_api: str = "endpointslices",
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None, route_status: bool = True) -> None:
         if endpoints_api not in ("endpointslices", "endpoints"):
             raise ValueError(f"--endpoints-api {endpoints_api!r}: endpointslices or endpoints")
         self.name = "kube"
@@ -433,6 +316,9 @@ class KubeSource:
         self.context = context
         self.endpoints_api = endpoints_api
         self._credentials = credentials
+        # --route-status: write each route's status.parents entries (Routes §6).
+        self.route_status = route_status
+        self.status_writer: RouteStatusWriter | None = None
         self.watchers: list[KindWatcher] = []
         self._metrics: prometheus_client.CollectorRegistry | None = None
 
@@ -465,12 +351,28 @@ class KubeSource:
                  kinds=[s.kind for s in specs])
         for w in self.watchers:
             w.start()
+        writer_task: asyncio.Task[None] | None = None
+        if self.route_status:
+            self.status_writer = RouteStatusWriter(
+                client, cluster, {k: KINDS[k].path for k in ROUTE_STORE_KINDS})
+
+            async def write_after_sync(writer: RouteStatusWriter) -> None:
+                await synced.wait()  # statuses from the whole initial list, not a part
+                await writer.run()
+
+            writer_task = asyncio.create_task(write_after_sync(self.status_writer))
         try:
             await handoff.failed  # runs until cancelled, or an apply raises
         finally:
             handoff.closed = True
             for w in self.watchers:
                 w.stop()
+            if writer_task is not None:
+                writer_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer_task
+            if self.status_writer is not None:
+                self.status_writer.close()
 
     def _lag_histogram(self, spec: KindSpec) -> prometheus_client.Histogram | None:
         if self._metrics is None:
@@ -488,7 +390,7 @@ class KubeSource:
             gauge = prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
                                             f"Number of {s.kind} objects in the cache",
                                             ["cluster"], registry=self._metrics)
-            gauge.labels("local").set_function(functools.partial(_count, cluster, s.kind))
+            gauge.labels(cluster.name).set_function(functools.partial(_count, cluster, s.kind))
 
 
 def _count(cluster: Cluster, kind: str) -> float:

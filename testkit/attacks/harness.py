@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 import yaml
 
-from bridge.sources import DEMO_DIR
+from bridge.sources.catalog import DEMO_DIR
 from harness.clients import LinkerdClient, Received, XdsClient
 from testkit import net
 from testkit.net import free_port

@@ -53,6 +53,23 @@ def test_serve_refuses_a_folder_with_nothing_to_serve_in_one_line(
     assert "serving" not in lines[0]
 
 
+def test_serve_on_uvloop_answers_an_xds_client_and_exits_cleanly_on_sigterm() -> None:
+    grpc_port, admin_port = free_port(), free_port()
+    with running([sys.executable, "-m", "meshbridge.cli", "serve", "--event-loop", "uvloop",
+                  "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}"],
+                 lambda: ready(admin_port), "/ready never answered 200", timeout=90,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                 env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
+        got = subprocess.run(
+            [sys.executable, "-m", "meshbridge.cli", "xds", "catalog.shop.svc.cluster.local:80",
+             "--server", f"127.0.0.1:{grpc_port}", "--json", "--count", "1"],
+            capture_output=True, text=True, timeout=60)
+        assert got.returncode == 0, got.stderr
+        assert '"address": "10.244.1.20"' in got.stdout
+        stop(proc)
+    assert proc.returncode == 0
+
+
 def test_version_prints_the_package_version() -> None:
     proc = subprocess.run([sys.executable, "-m", "meshbridge", "--version"],
                           capture_output=True, text=True, timeout=60, check=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bridge.sources import DEMO_DIR
+from bridge.sources.catalog import DEMO_DIR
 from bridge.sources.files import FilesSource
 from linkerd_api.endpoint_streams import Semantics
 from linkerd_api.identity import IdentityOptions
