@@ -32,6 +32,7 @@ from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
 from meshbridge import debug, exposition, h2metrics
 from meshbridge.admin import AdminServer, Request, Response
+from meshbridge.debug_access import DebugAccess
 from meshbridge.host import (
     GrpcServer,
     Host,
@@ -41,6 +42,7 @@ from meshbridge.host import (
     Renderer,
     RouteRenderer,
     check_hooks,
+    split_listen_address,
 )
 from meshbridge.limits import Limits
 from meshbridge.rpcguard import GrpcMetrics, RpcGuard
@@ -62,6 +64,8 @@ class ServeOptions:
     # Each layer's typed options (the class its Layer declares), found by type:
     # Host.options_for. Options no mounted layer declares stop the start (LayerError).
     layer_options: tuple[object, ...] = ()
+    # Who may read the admin port's debug pages and the layers' debug types.
+    debug_access: DebugAccess = field(default_factory=DebugAccess)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +88,6 @@ class TlsFiles:
 
     def context(self) -> ssl.SSLContext:
         return tls_context(self.cert, self.key, self.client_ca)
-
-
-def split_listen_address(addr: str) -> tuple[str, int]:
-    """`host:port` to bind (`:8086` is every address, port 0 any free port); not an
-    authority (`bridge.authority.split_authority`)."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {addr!r} is not host:port")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def _grpcio_lifecycle(h2: H2Limits) -> list[tuple[str, int]]:
@@ -344,6 +339,10 @@ class LayerHost:
     @property
     def limits(self) -> Limits:
         return self._app.options.limits
+
+    @property
+    def debug_access(self) -> DebugAccess:
+        return self._app.options.debug_access
 
     @property
     def sni_certificates(self) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import html
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.authority import AuthorityError, format_authority, parse_authority, view_authority
@@ -71,13 +72,23 @@ def views_json(app: App) -> list[dict[str, Any]]:
 
 
 def install(app: App) -> None:
-    app.admin.route("/", lambda req: _index(app, req))
-    app.admin.route("/debug/views", lambda req: _no_params(req) or _json(200, views_json(app)))
-    app.admin.route("/debug/streams", lambda req: _no_params(req) or _json(
-        200, [s.as_json() for s in app.streams.all()]))
-    app.admin.route("/debug/endpoints", lambda req: _endpoints(app, req))
-    app.admin.route("/debug/syncz", lambda req: _no_params(req) or _json(
-        200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)]))
+    access = app.options.debug_access
+
+    def guarded(page: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        # These pages reveal configuration: served under --debug-access only.
+        def serve(req: Request) -> Response:
+            refused = access.refusal(req.peer)
+            return Response.text(403, refused) if refused else page(req)
+        return serve
+
+    app.admin.route("/", guarded(lambda req: _index(app, req)))
+    app.admin.route("/debug/views", guarded(
+        lambda req: _no_params(req) or _json(200, views_json(app))))
+    app.admin.route("/debug/streams", guarded(lambda req: _no_params(req) or _json(
+        200, [s.as_json() for s in app.streams.all()])))
+    app.admin.route("/debug/endpoints", guarded(lambda req: _endpoints(app, req)))
+    app.admin.route("/debug/syncz", guarded(lambda req: _no_params(req) or _json(
+        200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)])))
 
 
 def _endpoints(app: App, req: Request) -> Response:

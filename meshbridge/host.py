@@ -3,10 +3,10 @@
 A layer module exposes `LAYER = Layer(name, register, (Options, ...))`. The App calls
 `register(host, server)` with a `Host` of that layer's own (the cluster cache, the
 Views, the mesh configuration, the metrics registry, the stream registry, the gRPC
-port's limits, its own typed options, what identity needs to know of the source and
-of the port) and the gRPC server to add handlers to — never the App itself, so that
-a layer depends on what it uses and nothing else, and does not know which server
-runs it. Beyond handlers, a layer may hang on the port's life through typed hooks
+port's limits, who may read debug answers, its own typed options, what identity
+needs to know of the source and of the port) and the gRPC server to add handlers
+to — never the App itself, so that a layer depends on what it uses and nothing else,
+and does not know which server runs it. Beyond handlers, a layer may hang on the port's life through typed hooks
 (`LayerHooks`, given to `Host.add_hooks`): the port's TLS, listeners of its own.
 
 The App checks what a layer does against this interface when it starts, and stops
@@ -32,14 +32,24 @@ from bridge.cluster import Cluster
 from bridge.model import MeshConfig, ServiceKey
 from bridge.routes.text import RouteRow
 from bridge.views import View, ViewRegistry
+from meshbridge.debug_access import DebugAccess
 from meshbridge.limits import Limits
-from meshbridge.stream_registry import StreamInfo, StreamRegistry
+from meshbridge.stream_registry import (
+    NACKED,
+    NOT_SENT,
+    STALE,
+    SYNCED,
+    StreamInfo,
+    StreamRegistry,
+)
 
 if TYPE_CHECKING:
     from bridge.sources.kube_api import Credentials
 
-__all__ = ["GrpcServer", "Host", "Layer", "LayerError", "LayerHooks", "NowaitWriter",
-           "Renderer", "RouteRenderer", "StreamInfo", "check_hooks", "nowait_writer"]
+__all__ = ["NACKED", "NOT_SENT", "STALE", "SYNCED", "DebugAccess", "GrpcServer", "Host",
+           "Layer", "LayerError", "LayerHooks", "NowaitWriter", "Renderer", "RouteRenderer",
+           "StreamInfo", "StreamRegistry", "check_hooks", "nowait_writer",
+           "split_listen_address"]
 
 T = TypeVar("T")
 
@@ -49,6 +59,18 @@ Renderer = Callable[[View], tuple[dict[str, dict[str, Any]], Any]]
 # A Service port's routes as one client kind is told them, for a client namespace:
 # the route-table rows and what that kind is not told (Routes §3.4).
 RouteRenderer = Callable[[ServiceKey, int, str], tuple[list[RouteRow], list[str]]]
+
+
+# ---------------------------------------------------------------- listen addresses
+
+
+def split_listen_address(addr: str) -> tuple[str, int]:
+    """`host:port` to bind (`:8086` is every address, port 0 any free port); not an
+    authority (`bridge.authority.split_authority`)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {addr!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 # ---------------------------------------------------------------- writing without awaiting
@@ -105,6 +127,12 @@ class Host(Protocol):
 
     @property
     def limits(self) -> Limits: ...
+
+    @property
+    def debug_access(self) -> DebugAccess:
+        """Who may read debug answers (`--debug-access`, and whether the gRPC port asks
+        for client certificates): one setting for the admin port's pages and a layer's
+        debug types."""
 
     @property
     def sni_certificates(self) -> bool:

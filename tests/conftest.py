@@ -39,14 +39,13 @@ async def apps() -> AsyncIterator[Apps]:
 
 @pytest.fixture
 def make_app(apps: Apps) -> AppFactory:
-    """make_app(manifests_dir, config=MeshConfig(...), layers=[...], grpc_transport=...,
-    layer_options=(XdsOptions(...), ...)): an App on a manifest folder, started."""
+    """make_app(manifests_dir, config=MeshConfig(...), layers=[...], and ServeOptions'
+    fields: grpc_transport=..., layer_options=(XdsOptions(...), ...), debug_access=...):
+    an App on a manifest folder, started."""
 
     async def factory(manifests: Path, config: MeshConfig | None = None,
-                      layers: Iterable[Layer] | None = None,
-                      grpc_transport: str = "native",
-                      layer_options: tuple[object, ...] = ()) -> App:
+                      layers: Iterable[Layer] | None = None, **options: Any) -> App:
         return await apps.start(FilesSource(manifests, poll_interval=0.05), config, layers,
-                                grpc_transport=grpc_transport, layer_options=layer_options)
+                                **options)
 
     return factory

@@ -35,6 +35,7 @@ from meshbridge.host import GrpcServer, Host, Layer, NowaitWriter, StreamInfo, n
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
+from xds_api.debug_types import DebugTypes
 from xds_api.metrics import XdsMetrics
 from xds_api.resources import (
     DEFAULT_ISTIO_CLUSTER_ID,
@@ -49,6 +50,7 @@ from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
     DeltaStream,
+    Forbidden,
     SotwStream,
     StreamError,
     TooManyNames,
@@ -161,6 +163,8 @@ def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
     if isinstance(error, BadRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, Forbidden):
+        return grpc.StatusCode.PERMISSION_DENIED, str(error)
     return grpc.StatusCode.INTERNAL, str(error)
 
 
@@ -186,6 +190,10 @@ class XdsService:
         self.max_names = host.limits.max_resource_names or DEFAULT_MAX_NAMES
         self.write_timeout = options.write_timeout
         self.runners: set[StreamRunner] = set()
+        # istiod's debug types (§9.2), where the admin port's debug pages would be.
+        self.debug = DebugTypes(host.streams, lambda: [r.stream for r in self.runners],
+                                self.cache, access=host.debug_access,
+                                cluster_id=options.istio_cluster_id)
         # Streams with something to write, written in one callback at the end of this
         # loop turn (one change to 5,000 streams: one callback).
         self._due: list[StreamRunner] = []
@@ -354,9 +362,11 @@ class StreamRunner:
         self.service = service
         peer = context.peer()
         self.info = StreamInfo(stream_cls.protocol, peer)
+        certified = bool(context.auth_context().get("x509_pem_cert"))
         self.stream: XdsStream = stream_cls(
             service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
-            max_names=service.max_names, peer=peer, info=self.info)
+            max_names=service.max_names, peer=peer, info=self.info,
+            debug=service.debug.for_client(peer, certified))
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._context = context

@@ -16,7 +16,9 @@ HANDSHAKE_TIMEOUT = float(SERVER_FLAGS["--h2-handshake-timeout"])
 KEEPALIVE_TIME = float(SERVER_FLAGS["--h2-keepalive-time"])
 KEEPALIVE_TIMEOUT = float(SERVER_FLAGS["--h2-keepalive-timeout"])
 MAX_CONNECTIONS = int(SERVER_FLAGS["--max-connections-per-client"])
-MARGIN = 1.5  # seconds a timer may fire late on a busy 2-core machine
+MARGIN = 10.0  # seconds a timer may fire late on a loaded 2-core machine
+# The most an attack may take (attackers stop as soon as they have their answer).
+CAP = 60.0
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,11 @@ class Budget:
     usable: bool = False  # ... and a valid request after them answered
     closed_within: float | None = None  # every connection closed by the server by then
     closed_not_before: float = 0.0  # ... and not before
-    beyond_refused: int | None = None  # connections past this many closed at once
-    seconds: float = 3.0  # attack duration
+    beyond_refused: int | None = None  # connections past this many refused
+    seconds: float = CAP  # the attacker's cap (zero-window-readers: how long it holds)
     args: tuple[str, ...] = ()
     gauges: bool = False  # (e): the HTTP/2 gauges return to their baseline
+    repeat: int = 1  # runs in a row, RSS held to the first run's baseline each time
     note: str = ""
 
 
@@ -60,8 +63,9 @@ ATTACKS: dict[str, Budget] = {
     "continuation-flood": Budget(goaway=COMPRESSION),
     # HEADERS without END_HEADERS, then endless empty CONTINUATIONs
     "empty-continuation": Budget(goaway=CALM),
-    # unknown gRPC method and plain GETs, as fast as possible, reconnecting
-    "junk-requests": Budget(goaway=CALM),
+    # unknown gRPC method and plain GETs, as fast as possible, reconnecting (the budget
+    # is 11,000 a connection: the failed-request budget beyond 10,000 concurrent streams)
+    "junk-requests": Budget(goaway=CALM, seconds=2 * CAP),
     # one 4 KiB dynamic-table entry referenced 300 times per block
     "hpack-bomb": Budget(goaway=frozenset({ENHANCE_YOUR_CALM, COMPRESSION_ERROR}),
                          note="the only budget allowing two codes"),
@@ -74,20 +78,25 @@ ATTACKS: dict[str, Budget] = {
     "bad-headers": Budget(rst_each=PROTOCOL_ERROR, usable=True),
     # 50 connections that send nothing
     "slowloris": Budget(closed_within=HANDSHAKE_TIMEOUT + MARGIN,
-                        seconds=HANDSHAKE_TIMEOUT + MARGIN + 0.5,
                         args=("--connections", "50")),
     # preface and SETTINGS, the server's SETTINGS never acknowledged
-    "no-settings-ack": Budget(closed_within=HANDSHAKE_TIMEOUT + MARGIN,
-                              seconds=HANDSHAKE_TIMEOUT + MARGIN + 0.5),
+    "no-settings-ack": Budget(closed_within=HANDSHAKE_TIMEOUT + MARGIN),
     # handshake and one open Get stream, then PINGs unanswered
     "silent-peer": Budget(closed_within=KEEPALIVE_TIME + KEEPALIVE_TIMEOUT + MARGIN,
-                          closed_not_before=KEEPALIVE_TIME * 0.9,
-                          seconds=KEEPALIVE_TIME + KEEPALIVE_TIMEOUT + MARGIN + 1.0),
+                          closed_not_before=KEEPALIVE_TIME * 0.9),
     # many connections from one address, each handshaken, all held
     "connection-flood": Budget(beyond_refused=MAX_CONNECTIONS,
                                args=("--connections", str(MAX_CONNECTIONS + 60))),
     # 20 connections x 25 Get streams on the churned service, window 0, never granted
-    "zero-window-readers": Budget(args=("--connections", "20", "--target",
+    # What once left memory behind, three times in a row each: RSS must come back
+    # within 20 MiB of where the first run started, after every run.
+    # 100 connections, each HEADERS without END_HEADERS then thousands of empty
+    # CONTINUATIONs
+    "continuation-reconnect": Budget(goaway=CALM, repeat=3, args=("--connections", "100")),
+    # 100 connections, each sending header blocks of 1,900 empty names
+    "empty-names-reconnect": Budget(goaway=CALM, repeat=3, args=("--connections", "100")),
+    "zero-window-readers": Budget(seconds=3.0,
+                                  args=("--connections", "20", "--target",
                                         "web.emojivoto.svc.cluster.local:80"),
                                   note="nothing promised to the attacker; memory bounded"),
 }
@@ -137,12 +146,11 @@ def verdict(budget: Budget, got: dict[str, Any]) -> list[str]:
             problems.append(f"closed after {first}s: before {budget.closed_not_before:g}s")
     if budget.beyond_refused is not None:
         opened = int(extra.get("opened", 0))
-        quick = int(extra.get("closed_within_1s", 0))
+        refused = int(extra.get("refused", 0))
         beyond = opened - budget.beyond_refused
         # The good clients' connections count too: a few more may go.
-        if quick < beyond or quick > beyond + 10:
+        if refused < beyond or refused > beyond + 10:
             problems.append(f"expected the {max(0, beyond)} connections beyond "
-                            f"{budget.beyond_refused} closed at once; of {opened} opened, "
-                            f"{quick} were closed within 1s, {extra.get('held_to_end')} held "
-                            f"to the end, GOAWAY {_codes(goaways)}")
+                            f"{budget.beyond_refused} refused (GOAWAY ENHANCE_YOUR_CALM); of "
+                            f"{opened} opened, {refused} were, {extra.get('held')} held")
     return problems

@@ -1,11 +1,13 @@
 """Every classic HTTP/2 attack against one real `meshbridge serve` (native transport).
 
-For each attack (testkit/attacks/attackers.py, its own process, ~3 s) while endpoints
-change every ~0.5 s:
-  (a) /ready answers 200 at every poll (each with a 2 s timeout);
+For each attack (testkit/attacks/attackers.py, its own process, until it has its
+answer; 3 s of observation at least) while endpoints change every ~0.5 s:
+  (a) /ready answers 200 at every poll (each may take up to 20 s on a loaded machine);
   (b) the good clients (a Linkerd Get stream, an ADS SotW stream) get every change
-      within 5 s -- latencies are printed, never compared;
-  (c) within 5 s after the attack, RSS is back within 20 MiB of the baseline;
+      (each within 30 s) -- latencies are printed, never compared;
+  (c) within 5 s after the attack, RSS is back within 20 MiB of the baseline (for the
+      attacks that once left memory behind: after each of three runs in a row, within
+      20 MiB of where the first started);
   (d) the attacker got what its budget (testkit/attacks/budgets.py) promises;
   (e) where the budget says so, the HTTP/2 stream and handler-task gauges come back
       to their baseline.
@@ -36,12 +38,16 @@ def describe(report: Report) -> str:
                             if missing else "")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(ATTACKS))
 async def test_server_withstands(server: Server, name: str) -> None:
     budget = ATTACKS[name]
-    report = await run_attack(server, name, budget.seconds, budget.args,
-                              check_gauges=budget.gauges)
-    print(describe(report))
-    problems = report.health_problems(budget.gauges) + verdict(budget, report.attacker)
-    assert not problems, f"{name}:\n  - " + "\n  - ".join(problems) + "\n" + describe(report)
+    reference = 0
+    for run in range(1, budget.repeat + 1):
+        report = await run_attack(server, name, budget.seconds, budget.args,
+                                  check_gauges=budget.gauges, rss_reference=reference)
+        reference = reference or report.rss_baseline
+        print(f"run {run} of {budget.repeat}: " + describe(report))
+        problems = report.health_problems(budget.gauges) + verdict(budget, report.attacker)
+        assert not problems, (f"{name} (run {run} of {budget.repeat}):\n  - "
+                              + "\n  - ".join(problems) + "\n" + describe(report))

@@ -58,7 +58,7 @@ def imports_of(path: Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("package", ["linkerd_api", "xds_api"])
+@pytest.mark.parametrize("package", ["linkerd_api", "xds_api", "admission"])
 def test_a_layer_package_imports_of_the_process_only_its_interface(package: str) -> None:
     wrong = {f"{path.relative_to(REPO)}: {name}"
              for path in (REPO / package).rglob("*.py") for name in imports_of(path)
