@@ -38,7 +38,6 @@ from harness.compare import environment
 from harness.compare.scenario import MODELS, ClientSpec, CompareScenario
 from harness.compare.truth import TruthRecorder
 from harness.compare.wire import CountingServer, WireCounter
-from harness.normalize import digest
 from meshbridge import gctune
 from meshbridge.app import App, ProtocolLayer, ServeOptions
 from meshbridge.layers import PROTOCOL_LAYERS, load_optional
@@ -451,7 +450,7 @@ async def _settle(app: App, workers: Workers, r: Run, options: RunOptions,
     seconds; False if the deadline came first. The truth comes first because a server
     may take longer than the quiet period to push the last change of a big service."""
     deadline = time.monotonic() + options.settle_timeout
-    truth = {t: digest(s) for t, s in r.truth.final.items()}
+    truth = r.truth.final_digests()
     await asyncio.gather(*(w.request({"cmd": "await", "truth": truth,
                                       "timeout": options.settle_timeout},
                                      options.settle_timeout + 10)
