@@ -25,6 +25,7 @@ Scenario (YAML):
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import string
 import time
@@ -424,6 +425,9 @@ class SimSource:
         self.sim = SimCluster(scenario)
         self.on_emit = on_emit
         self.emitted = 0
+        # CPU seconds this source spent making its changes (not applying them), so that
+        # a measurement can tell the harness's share from the server's.
+        self.cpu_seconds = 0.0
         self.finished = asyncio.Event()
 
     @property
@@ -442,7 +446,11 @@ class SimSource:
         interval = 1.0 / rate
         start = time.monotonic()
         deadline = start + self.scenario.duration if self.scenario.duration else None
-        for index, (pattern, events) in enumerate(self.sim.changes()):
+        changes = self.sim.changes()
+        for index in itertools.count():
+            t0 = time.process_time()
+            pattern, events = next(changes)
+            self.cpu_seconds += time.process_time() - t0
             due = start + index * interval
             if deadline is not None and due >= deadline:
                 break

@@ -125,6 +125,8 @@ class TruthRecorder:
     _views: dict[str, View] = field(default_factory=dict)
     _current: Emission | None = None
     _final: dict[str, State] | None = None
+    # CPU seconds spent recording versions: the harness's share of `Cluster.apply`.
+    cpu_seconds: float = 0.0
 
     # -- the sim source's hook: (change index, pattern, its own clock), called
     # right before the change is applied. We take our own monotonic time, which
@@ -170,6 +172,7 @@ class TruthRecorder:
         target = self._targets.get(view.key)
         if target is None:
             return
+        t0 = time.process_time()
         truth = self._truths[target]
         truth.apply(change)
         self._final = None
@@ -178,6 +181,7 @@ class TruthRecorder:
             change.version, em.index if em is not None else INITIAL,
             em.at_ns if em is not None else time.monotonic_ns(), truth.digest(),
             len(truth.counts), len(change.added), len(change.removed)))
+        self.cpu_seconds += time.process_time() - t0
 
     def churn_versions(self) -> int:
         return sum(1 for vs in self.versions.values() for v in vs if v.change != INITIAL)
