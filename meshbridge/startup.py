@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 if TYPE_CHECKING:
-    from bridge.sources.kube import Credentials
+    from bridge.sources.kubeconfig import Credentials
 
 log = structlog.get_logger("meshbridge.startup")
 

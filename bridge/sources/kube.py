@@ -1,10 +1,10 @@
 """The kube source: list + watch a real Kubernetes API, the way an informer does.
 
 One thread per kind runs the blocking list/watch loop and hands decoded events to the
-asyncio loop (`call_soon_threadsafe`), so the loop never blocks on the network. The
-`kubernetes` package is used for what it does best — reading kubeconfig and in-cluster
-credentials — and the requests are plain HTTP/JSON over urllib3, so every object
-reaches `decode_object` in exactly the shape a manifest file has.
+asyncio loop (`call_soon_threadsafe`), so the loop never blocks on the network.
+Credentials come from bridge/sources/kubeconfig.py (in-cluster or a kubeconfig) and
+the requests are plain HTTP/JSON over urllib3, so every object reaches
+`decode_object` in exactly the shape a manifest file has.
 
 Watch correctness, as client-go's reflector does it:
   * the list's resourceVersion carries into the watch; bookmarks are requested and
@@ -37,6 +37,8 @@ import urllib3
 
 from bridge.cluster import Cluster, Event, EventType
 from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
+from bridge.sources import kubeconfig as kubeconfig_reader
+from bridge.sources.kubeconfig import Credentials
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
@@ -109,52 +111,26 @@ class Gone(Exception):
     """The resourceVersion we watch from has been compacted away: relist."""
 
 
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    host: str
-    headers: dict[str, str]
-    ca_file: str | None
-    cert_file: str | None
-    key_file: str | None
-    verify: bool
-
-
 def load_credentials(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
     """In-cluster config when running in a pod (and no kubeconfig is named), else
-    KUBECONFIG / ~/.kube/config, as kubectl does."""
-    from kubernetes import client, config  # imported lazily: heavy, and only needed here
-
+    KUBECONFIG / ~/.kube/config, as kubectl does (bridge/sources/kubeconfig.py)."""
     from bridge.sources import SourceSpecError
 
-    cfg = client.Configuration()
     if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException as e:
+            return kubeconfig_reader.in_cluster()
+        except kubeconfig_reader.KubeconfigError as e:
             raise SourceSpecError(f"kube source: in-cluster config: {e}") from e
-    else:
-        # The errors name the file and the context looked for (the library's do not).
-        path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        wanted = f"context {context!r}" if context else "its current-context"
-        files = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
-        if not any(os.path.isfile(f) for f in files):
-            raise SourceSpecError(f"kube source: kubeconfig {path}: no such file (give "
-                                  "--kubeconfig, or set KUBECONFIG)")
-        try:
-            config.load_kube_config(config_file=kubeconfig, context=context,
-                                    client_configuration=cfg)
-        except Exception as e:  # the library raises more than ConfigException for bad files
-            reason = str(e).removeprefix("Invalid kube-config file. ")
-            if context and f"name {context} in" in reason:
-                reason = "no such context"
-            raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {reason}") from e
-    headers = {"Accept": "application/json", "User-Agent": "meshbridge"}
-    # Client versions differ in the key they file the bearer token under.
-    token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
-    if token:
-        headers["Authorization"] = token
-    return Credentials(cfg.host.rstrip("/"), headers, cfg.ssl_ca_cert, cfg.cert_file,
-                       cfg.key_file, bool(cfg.verify_ssl))
+    # The errors name the file and the context looked for.
+    path = kubeconfig or os.environ.get("KUBECONFIG") or kubeconfig_reader.DEFAULT_KUBECONFIG
+    wanted = f"context {context!r}" if context else "its current-context"
+    if not any(f.is_file() for f in kubeconfig_reader.kubeconfig_files(kubeconfig)):
+        raise SourceSpecError(f"kube source: kubeconfig {path}: no such file (give "
+                              "--kubeconfig, or set KUBECONFIG)")
+    try:
+        return kubeconfig_reader.from_kubeconfig(kubeconfig, context)
+    except kubeconfig_reader.KubeconfigError as e:
+        raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {e}") from e
 
 
 class ApiClient:
