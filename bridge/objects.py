@@ -5,14 +5,23 @@ Every source (files, demo, sim, kube) hands plain Kubernetes-shaped mappings to
 the system can tell the sources apart. Decoding is strict about what we use and
 lenient about everything else: a field we rely on that is missing or mistyped
 raises `ObjectError` naming the object, and the caller logs it and skips it.
+
+What is not read is not kept: of a Pod, only what `bridge/pod_fields.py` names of its
+annotations and environment; of a ReplicaSet or Job, its owners. Equal values that
+many objects carry (a workload's labels, containers, owners) are kept once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
-from collections.abc import Mapping
+import socket
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union, cast
+
+from bridge import pod_fields
 
 Labels = Mapping[str, str]
 
@@ -240,6 +249,8 @@ def object_key(obj: KubeObject) -> tuple[str, str, str]:
 
 
 def _map(raw: Any, kind: str, name: str, path: str) -> Mapping[str, Any]:
+    if type(raw) is dict:  # nearly always: not the (slow) Mapping check
+        return raw
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
@@ -284,6 +295,9 @@ def _str_map(raw: Any, kind: str, name: str, path: str) -> dict[str, str]:
     m = _map(raw, kind, name, path)
     out: dict[str, str] = {}
     for k, v in m.items():
+        if type(k) is str and type(v) is str:
+            out[k] = v
+            continue
         if not isinstance(k, str) or not isinstance(v, str | int | float | bool):
             raise ObjectError(kind, name, f"{path}.{k} must be a string")
         out[k] = v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
@@ -292,13 +306,18 @@ def _str_map(raw: Any, kind: str, name: str, path: str) -> dict[str, str]:
 
 def _ip(raw: Any, kind: str, name: str, path: str) -> str:
     text = _str(raw, kind, name, path)
+    with contextlib.suppress(OSError):  # an IPv4 address already in canonical form
+        if socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, text)) == text:
+            return text
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
         raise ObjectError(kind, name, f"{path} {text!r} is not an IP address") from None
 
 
-def _meta(raw: Mapping[str, Any], kind: str, namespaced: bool) -> Meta:
+def _meta(raw: Mapping[str, Any], kind: str, namespaced: bool,
+          annotation: Callable[[str], bool] | None = None) -> Meta:
+    """The metadata; of the annotations only those `annotation` accepts, if given."""
     md = raw.get("metadata")
     if not isinstance(md, Mapping):
         raise ObjectError(kind, "<unnamed>", "metadata is missing")
@@ -312,18 +331,64 @@ def _meta(raw: Mapping[str, Any], kind: str, namespaced: bool) -> Meta:
     owners = []
     for i, o in enumerate(_list(md.get("ownerReferences"), kind, full, "ownerReferences")):
         o = _map(o, kind, full, f"ownerReferences[{i}]")
-        owners.append(OwnerRef(_str(o.get("kind"), kind, full, "ownerReferences.kind"),
-                               _str(o.get("name"), kind, full, "ownerReferences.name")))
+        owners.append(_shared(OwnerRef(
+            _str(o.get("kind"), kind, full, "ownerReferences.kind"),
+            _str(o.get("name"), kind, full, "ownerReferences.name"))))
     rv = md.get("resourceVersion")
     return Meta(
         name=name,
-        namespace=ns if namespaced else "",
+        namespace=sys.intern(ns) if namespaced else "",
         resource_version=str(rv) if rv is not None else "",
-        labels=_str_map(md.get("labels"), kind, full, "metadata.labels"),
-        annotations=_str_map(md.get("annotations"), kind, full, "metadata.annotations"),
-        owners=tuple(owners),
+        labels=_labels(md.get("labels"), kind, full, "metadata.labels"),
+        annotations=_labels(md.get("annotations"), kind, full, "metadata.annotations",
+                            annotation),
+        owners=_shared(tuple(owners)),
         deleting=md.get("deletionTimestamp") is not None,
     )
+
+
+def _labels(raw: Any, kind: str, name: str, path: str,
+            keep: Callable[[str], bool] | None = None) -> dict[str, str]:
+    """Labels or annotations (those `keep` accepts, if given), shared."""
+    if type(raw) is SharedRaw and (known := getattr(raw, "decoded", None)) is not None:
+        return cast(dict[str, str], known)
+    m = _str_map(raw, kind, name, path)
+    if keep is not None:
+        m = {k: v for k, v in m.items() if keep(k)}
+    out = _shared_map(m)
+    if type(raw) is SharedRaw:
+        raw.decoded = out
+    return out
+
+
+# Values shared between objects: the pods of one workload have equal labels, owners
+# and containers, and thousands of them are cached at once, so each equal value is
+# kept once (a 10,000-pod cache otherwise holds 10,000 copies of each). Safe because
+# decoded values are never changed. Bounded: past the limit it starts again (what
+# was shared stays shared).
+_SHARED: dict[Any, Any] = {}
+SHARED_LIMIT = 100_000
+_T = TypeVar("_T")
+
+
+def _shared(value: _T, key: Any = None) -> _T:
+    k = value if key is None else key
+    found = _SHARED.get(k)
+    if found is not None:
+        return cast(_T, found)
+    if len(_SHARED) >= SHARED_LIMIT:
+        _SHARED.clear()
+    _SHARED[k] = value
+    return value
+
+
+def _shared_map(m: dict[str, str]) -> dict[str, str]:
+    if not m:
+        return _EMPTY
+    return _shared(m, ("map", *m.items()))
+
+
+_EMPTY: dict[str, str] = {}
 
 
 def display_name(raw: Any) -> str:
@@ -433,10 +498,10 @@ def _decode_slice(raw: Mapping[str, Any]) -> EndpointSlice:
         if e.get("targetRef") is not None:
             t = _map(e.get("targetRef"), "EndpointSlice", n, f"{where}.targetRef")
             target = TargetRef(
-                kind=_str(t.get("kind"), "EndpointSlice", n, "targetRef.kind"),
+                kind=sys.intern(_str(t.get("kind"), "EndpointSlice", n, "targetRef.kind")),
                 name=_str(t.get("name"), "EndpointSlice", n, "targetRef.name"),
-                namespace=_str(t.get("namespace"), "EndpointSlice", n, "targetRef.namespace",
-                               meta.namespace),
+                namespace=sys.intern(_str(t.get("namespace"), "EndpointSlice", n,
+                                          "targetRef.namespace", meta.namespace)),
             )
         zone = e.get("zone")
         endpoints.append(SliceEndpoint(
@@ -445,8 +510,10 @@ def _decode_slice(raw: Mapping[str, Any]) -> EndpointSlice:
             serving=serving,
             terminating=terminating,
             hostname=_str(e.get("hostname"), "EndpointSlice", n, f"{where}.hostname"),
-            node_name=_str(e.get("nodeName"), "EndpointSlice", n, f"{where}.nodeName"),
-            zone=_str(zone, "EndpointSlice", n, f"{where}.zone") if zone is not None else None,
+            node_name=sys.intern(_str(e.get("nodeName"), "EndpointSlice", n,
+                                      f"{where}.nodeName")),
+            zone=(sys.intern(_str(zone, "EndpointSlice", n, f"{where}.zone"))
+                  if zone is not None else None),
             for_zones=for_zones,
             target=target,
         ))
@@ -501,36 +568,69 @@ def _decode_endpoints(raw: Mapping[str, Any]) -> EndpointSlice:
     return EndpointSlice(meta, meta.name, "", ports, tuple(endpoints), kind="Endpoints")
 
 
+class SharedRaw(dict[str, Any]):
+    """A raw part its source hands out for many objects at once, unchanged (the kube
+    source: a workload's containers, labels and annotations, encoded identically in
+    each of its pods): it is decoded once and the value kept on it. A part is decoded
+    the same way wherever it is found (a pod's annotations are read through the same
+    filter wherever they are), so one value per part is right."""
+
+    __slots__ = ("decoded",)
+    decoded: Any
+
+
 def _decode_containers(raw: Any, n: str, path: str) -> tuple[Container, ...]:
     out = []
     for i, c in enumerate(_list(raw, "Pod", n, path)):
-        c = _map(c, "Pod", n, f"{path}[{i}]")
-        ports = []
-        for j, p in enumerate(_list(c.get("ports"), "Pod", n, f"{path}[{i}].ports")):
-            p = _map(p, "Pod", n, f"{path}[{i}].ports[{j}]")
-            ports.append(ContainerPort(
-                name=_str(p.get("name"), "Pod", n, "ports.name"),
-                container_port=_port(p.get("containerPort"), "Pod", n,
-                                     f"{path}[{i}].ports[{j}].containerPort"),
-                host_port=_port(p.get("hostPort", 0), "Pod", n, "hostPort", allow_zero=True),
-            ))
-        env = {}
-        for e in _list(c.get("env"), "Pod", n, f"{path}[{i}].env"):
-            e = _map(e, "Pod", n, "env")
-            if isinstance(e.get("name"), str) and isinstance(e.get("value"), str):
-                env[e["name"]] = e["value"]
+        if type(c) is SharedRaw and (known := getattr(c, "decoded", None)) is not None:
+            out.append(known)
+            continue
+        # (Error paths are formatted only for an error: thousands of pods pass here.)
+        where = f"{path}[{i}]"
+        c = _map(c, "Pod", n, where)
+        name = _str(c.get("name"), "Pod", n, where + ".name")
+        ports: list[tuple[str, int, int]] = []
+        for j, p in enumerate(_list(c.get("ports"), "Pod", n, where + ".ports")):
+            p = _map(p, "Pod", n, where + ".ports[]")
+            number, host = p.get("containerPort"), p.get("hostPort", 0)
+            if type(number) is not int or not 0 < number < 65536:
+                _port(number, "Pod", n, f"{where}.ports[{j}].containerPort")
+            if type(host) is not int or not 0 <= host < 65536:
+                _port(host, "Pod", n, f"{where}.ports[{j}].hostPort", allow_zero=True)
+            ports.append((_str(p.get("name"), "Pod", n, "ports.name"), cast(int, number),
+                          cast(int, host)))
+        env = []
+        if name == pod_fields.PROXY_CONTAINER:  # no other container's is read
+            for e in _list(c.get("env"), "Pod", n, where + ".env"):
+                e = _map(e, "Pod", n, "env")
+                if (isinstance(e.get("name"), str) and isinstance(e.get("value"), str)
+                        and pod_fields.keeps_env(name, e["name"])):
+                    env.append((e["name"], e["value"]))
         probes = []
         for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
             get = _map(_map(c.get(kind), "Pod", n, kind).get("httpGet"), "Pod", n, kind)
             if isinstance(get.get("port"), int | str) and not isinstance(get.get("port"), bool):
                 probes.append((get["port"], str(get.get("path") or "/").split("?")[0]))
-        out.append(Container(_str(c.get("name"), "Pod", n, f"{path}[{i}].name"),
-                             tuple(ports), env, tuple(probes)))
-    return tuple(out)
+        # Looked up by its plain values first: a workload's next pod builds nothing.
+        key = ("container", name, *ports, "env", *env, "probes", *probes)
+        container = _SHARED.get(key)
+        if container is None:
+            container = _shared(Container(
+                sys.intern(name), tuple(ContainerPort(*p) for p in ports),
+                _shared_map(dict(env)), tuple(probes)), key)
+        if type(c) is SharedRaw:
+            c.decoded = container
+        out.append(container)
+    return _shared(tuple(out), ("containers", *map(id, out)))
+
+
+def _owners_only(meta: Meta) -> Meta:
+    return Meta(meta.name, meta.namespace, meta.resource_version, owners=meta.owners,
+                deleting=meta.deleting)
 
 
 def _decode_pod(raw: Mapping[str, Any]) -> Pod:
-    meta = _meta(raw, "Pod", True)
+    meta = _meta(raw, "Pod", True, pod_fields.keeps_annotation)
     n = f"{meta.namespace}/{meta.name}"
     spec = _map(raw.get("spec"), "Pod", n, "spec")
     status = _map(raw.get("status"), "Pod", n, "status")
@@ -545,16 +645,16 @@ def _decode_pod(raw: Mapping[str, Any]) -> Pod:
     host_ip = status.get("hostIP")
     return Pod(
         meta=meta,
-        service_account=_str(spec.get("serviceAccountName"), "Pod", n,
-                             "spec.serviceAccountName") or "default",
-        node_name=_str(spec.get("nodeName"), "Pod", n, "spec.nodeName"),
+        service_account=sys.intern(_str(spec.get("serviceAccountName"), "Pod", n,
+                                        "spec.serviceAccountName") or "default"),
+        node_name=sys.intern(_str(spec.get("nodeName"), "Pod", n, "spec.nodeName")),
         host_network=_bool(spec.get("hostNetwork"), "Pod", n, "spec.hostNetwork", False),
         containers=_decode_containers(spec.get("containers"), n, "spec.containers"),
         init_containers=_decode_containers(spec.get("initContainers"), n,
                                            "spec.initContainers"),
-        phase=_str(status.get("phase"), "Pod", n, "status.phase"),
+        phase=sys.intern(_str(status.get("phase"), "Pod", n, "status.phase")),
         pod_ips=tuple(_ip(x, "Pod", n, "status.podIPs") for x in ips),
-        host_ip=_ip(host_ip, "Pod", n, "status.hostIP") if host_ip else "",
+        host_ip=sys.intern(_ip(host_ip, "Pod", n, "status.hostIP")) if host_ip else "",
     )
 
 
@@ -589,8 +689,9 @@ _DECODERS: dict[str, Any] = {
     "Endpoints": _decode_endpoints,
     "Pod": _decode_pod,
     "Node": lambda raw: Node(_meta(raw, "Node", False)),
-    "ReplicaSet": lambda raw: ReplicaSet(_meta(raw, "ReplicaSet", True)),
-    "Job": lambda raw: Job(_meta(raw, "Job", True)),
+    # Read for their owners only (a pod's workload): no labels, no annotations kept.
+    "ReplicaSet": lambda raw: ReplicaSet(_owners_only(_meta(raw, "ReplicaSet", True))),
+    "Job": lambda raw: Job(_owners_only(_meta(raw, "Job", True))),
     "Server": _decode_server,
     "ServiceProfile": _decode_profile,
     "Namespace": lambda raw: Namespace(_meta(raw, "Namespace", False)),
