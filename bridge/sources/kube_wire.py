@@ -176,9 +176,12 @@ def _slice_endpoint(e: Any) -> Raw:
 
 def _slice(s: Any) -> Raw:
     out: Raw = {"metadata": _meta(s.metadata), "addressType": s.addressType,
-                "endpoints": [_slice_endpoint(e) for e in s.endpoints],
-                "ports": [{"name": p.name, "port": p.port, "appProtocol": p.appProtocol}
-                          for p in s.ports]}
+                "endpoints": [_slice_endpoint(e) for e in s.endpoints]}
+    # No ports and an empty list are one thing in protobuf (the API's clients see
+    # neither as a list): the JSON of a slice without ports, `null`.
+    if s.ports:
+        out["ports"] = [{"name": p.name, "port": p.port, "appProtocol": p.appProtocol}
+                        for p in s.ports]
     return out
 
 
