@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import ssl
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -95,7 +96,10 @@ class Connection(asyncio.Protocol):
         self.peer = _peer_text(peername)
         self.address = str(peername[0]) if isinstance(peername, tuple) else self.peer
         if transport.get_extra_info("peercert"):
-            self.auth_context = {"transport_security_type": [b"ssl"]}
+            # A verified client certificate, under the keys grpc's own server uses.
+            der = transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+            self.auth_context = {"transport_security_type": [b"ssl"],
+                                 "x509_pem_cert": [ssl.DER_cert_to_PEM_cert(der).encode()]}
         self.core.initiate()
         if not self.server.connection_made(self):
             self.core.close_with(f.ENHANCE_YOUR_CALM, "too_many_connections",

@@ -1,23 +1,22 @@
 """Get streams: one `EndpointStream` per RPC, one encoding per View version.
 
-A View tells each of its subscribers about a new version; the first Linkerd
-subscriber to hear of it encodes the version's messages into `View.cache`, every
-other one reuses those very bytes, so N streams cost one serialization and N
-queue appends: what a change costs grows with the changes, not with the subscribers.
-And a change's messages are built from the changed endpoints alone (the View's
-delta, the snapshot's address index and ready count, set labels kept until a slice
-of the service changes), so it does not grow with the service either.
+Each View that Linkerd streams watch carries one `ViewMessages` (a value the View
+derives and advances itself, `bridge.views.derived`): the first stream to hear of a
+version encodes that version's messages into it, every other one reuses those very
+bytes, so N streams cost one serialization and N queue appends: what a change costs
+grows with the changes, not with the subscribers. And a change's messages are built
+from the changed endpoints alone (the View's delta, the snapshot's address index and
+ready count, set labels kept until a slice of the service changes), so it does not
+grow with the service either.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Literal
 
-from bridge.cluster import Cluster
 from bridge.model import ViewKey
-from bridge.views import View, ViewChange
+from bridge.views import Derivation, View, ViewChange
 from linkerd_api.queue import Outgoing, UpdateQueue
 from linkerd_api.translate import Translator, has_ready, ready_diff, ready_endpoints, set_labels
 
@@ -25,9 +24,6 @@ Semantics = Literal["proto", "linkerd-2.20"]
 SEMANTICS: tuple[Semantics, ...] = ("proto", "linkerd-2.20")
 
 Messages = tuple[Outgoing, ...]
-
-_SNAPSHOT = ("linkerd", "snapshot")
-_DIFF = ("linkerd", "diff")
 
 
 class UpdateEncoder:
@@ -41,64 +37,82 @@ class UpdateEncoder:
     Both send the whole set as one `add` first, then `add` before `remove` per change.
     """
 
-    def __init__(self, cluster: Cluster, translator: Translator, semantics: Semantics) -> None:
-        self.cluster = cluster
+    def __init__(self, translator: Translator, semantics: Semantics) -> None:
         self.translator = translator
         self.semantics = semantics
-        self._set_labels: weakref.WeakKeyDictionary[View, tuple[int, dict[str, str]]] = (
-            weakref.WeakKeyDictionary())
+        self.messages = Derivation("linkerd-messages", lambda view: ViewMessages(self, view))
 
     def snapshot(self, view: View) -> Messages:
         """What a new subscriber of `view` is sent first."""
-        result: Messages = view.cached(_SNAPSHOT, lambda: self._encode_snapshot(view))
-        return result
+        return view.derived(self.messages).snapshot()
 
     def diff(self, view: View, change: ViewChange) -> Messages:
         """What every subscriber is sent for `change` (the view's current version)."""
-        # Called once per subscriber: a plain lookup first, no closure, on this path.
-        cached: Messages | None = view.cache.get(_DIFF)
-        if cached is None:
-            cached = view.cached(_DIFF, lambda: self._encode_diff(view, change))
-        return cached
+        return view.derived(self.messages).diff(change)
 
-    def _labels(self, view: View) -> dict[str, str]:
-        """The set labels, read from the service's slices again only when one of them
-        changed (`Cluster.slice_stamps`), not on every version."""
-        stamp = self.cluster.slice_stamps.get(view.key.service, 0)
-        known = self._set_labels.get(view)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        labels = set_labels(self.cluster, view.key.service)
-        self._set_labels[view] = (stamp, labels)
-        return labels
-
-    def _encode_snapshot(self, view: View) -> Messages:
-        return tuple((str(view.version), m) for m in self.snapshot_messages(view))
-
-    def snapshot_messages(self, view: View) -> list[bytes]:
+    def snapshot_messages(self, view: View, labels: dict[str, str]) -> list[bytes]:
         ready = ready_endpoints(view.snapshot)
         if ready:
-            return [self.translator.add(ready, self._labels(view))]
+            return [self.translator.add(ready, labels)]
         if self.semantics == "proto":
             return [self.translator.no_endpoints(view.exists)]
         return []
 
-    def _encode_diff(self, view: View, change: ViewChange) -> Messages:
-        version = str(change.version)
-        return tuple((version, m) for m in self._diff_messages(view, change))
-
-    def _diff_messages(self, view: View, change: ViewChange) -> list[bytes]:
+    def diff_messages(self, view: View, change: ViewChange,
+                      labels: Callable[[], dict[str, str]]) -> list[bytes]:
         added, removed = ready_diff(change)
         out: list[bytes] = []
         # Add before remove, as Linkerd's publishDiff does (§2.5).
         if added:
-            out.append(self.translator.add(added, self._labels(view)))
+            out.append(self.translator.add(added, labels()))
         if removed:
             out.append(self.translator.remove(removed))
         if (self.semantics == "proto" and (removed or change.exists_changed)
                 and not has_ready(change.current)):
             out.append(self.translator.no_endpoints(view.exists))
         return out
+
+
+class ViewMessages:
+    """One View's messages under one encoder: the snapshot a new stream is sent and
+    the current version's diff, each encoded at most once per version, and the set
+    labels, read from the service's slices again only when one of them changed
+    (`Cluster.slice_stamps`), not on every version."""
+
+    __slots__ = ("_diff", "_encoder", "_labels", "_snapshot", "_stamp", "view")
+
+    def __init__(self, encoder: UpdateEncoder, view: View) -> None:
+        self._encoder = encoder
+        self.view = view
+        self._snapshot: Messages | None = None
+        self._diff: Messages | None = None
+        self._stamp = -1
+        self._labels: dict[str, str] = {}
+
+    def advance(self, change: ViewChange) -> None:
+        self._snapshot = self._diff = None
+
+    def labels(self) -> dict[str, str]:
+        view = self.view
+        stamp = view.cluster.slice_stamps.get(view.key.service, 0)
+        if stamp != self._stamp:
+            self._labels = set_labels(view.cluster, view.key.service)
+            self._stamp = stamp
+        return self._labels
+
+    def snapshot(self) -> Messages:
+        if self._snapshot is None:
+            version = str(self.view.version)
+            self._snapshot = tuple(
+                (version, m) for m in self._encoder.snapshot_messages(self.view, self.labels()))
+        return self._snapshot
+
+    def diff(self, change: ViewChange) -> Messages:
+        if self._diff is None:
+            version = str(change.version)
+            self._diff = tuple((version, m) for m in self._encoder.diff_messages(
+                self.view, change, self.labels))
+        return self._diff
 
 
 class EndpointStream(UpdateQueue):

@@ -26,8 +26,8 @@ from typing import Any
 import structlog
 import urllib3
 
-from bridge.sources.kube import ApiClient, ApiError, KubeSource
-from bridge.sources.kubeconfig import Credentials
+from bridge.sources.kube import KubeSource
+from bridge.sources.kube_api import ApiClient, ApiError, Credentials
 from linkerd_api.tokens import AUDIENCE, InvalidToken, ReviewFailed, ServiceAccount
 
 log = structlog.get_logger("meshbridge.identity")

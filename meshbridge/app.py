@@ -22,7 +22,7 @@ import structlog
 from bridge.authority import format_authority
 from bridge.cluster import Cluster
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
-from bridge.sources import Source
+from bridge.sources.base import Source
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
@@ -118,13 +118,13 @@ class App:
         layers: Sequence[ProtocolLayer] = (),
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
-        from bridge.view_metrics import ViewMetrics
         from bridge.views import ViewRegistry
+        from bridge.views.metrics import ViewMetrics
 
         self.config = config or MeshConfig()
         self.options = options or ServeOptions()
         self.source = source
-        self.cluster = Cluster()
+        self.cluster = Cluster(self.config.local_cluster())
         self.metrics = registry or prometheus_client.CollectorRegistry()
         self.views = ViewRegistry(self.cluster, self.config, ViewMetrics(self.metrics))
         if registry is None:

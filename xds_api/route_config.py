@@ -20,6 +20,7 @@ from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import duration_pb2, wrappers_pb2
 
+from bridge.authority import view_authority
 from bridge.model import ServiceKey, ViewKey
 from bridge.routes.objects import (
     GrpcMatch,
@@ -56,7 +57,7 @@ class Unrepresentable:
 
 def cluster_name(service: ServiceKey, port: int, domain: str) -> str:
     """The CDS cluster (and EDS name) of a Service port: its authority."""
-    return ViewKey(service, port).authority(domain)
+    return view_authority(ViewKey(service, port), domain)
 
 
 def _ms(ms: int) -> duration_pb2.Duration:

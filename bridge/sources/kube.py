@@ -1,16 +1,24 @@
-"""The kube source: list + watch a real Kubernetes API, the way an informer does.
+"""The kube source: each kind's state and changes from a real Kubernetes API, the way
+an informer does.
 
-One thread per kind runs the blocking list/watch loop and hands decoded events to the
+One thread per kind runs the blocking watch loop and hands decoded events to the
 asyncio loop (`call_soon_threadsafe`), so the loop never blocks on the network.
-Credentials come from bridge/sources/kubeconfig.py (in-cluster or a kubeconfig) and
-the requests are plain HTTP/JSON over urllib3, so every object reaches
-`decode_object` in exactly the shape a manifest file has.
+Credentials and requests are bridge/sources/kube_api.py's; what the API sends (its
+protobuf for the built-in kinds, JSON for the others) becomes the mappings
+`decode_object` reads through bridge/sources/kube_wire.py, so every object reaches
+the decoders in the shape a manifest file has.
+
+A big cluster's state never sits in memory as one document: the watch asks the
+server to send the state first, object by object, up to a bookmark that marks its
+end (WatchList, `sendInitialEvents`; served from the server's cache), and the same
+stream then carries the changes. A server that cannot (before 1.27, or with the
+feature off) is listed in pages (`limit`/`continue`), then watched.
 
 Watch correctness, as client-go's reflector does it:
-  * the list's resourceVersion carries into the watch; bookmarks are requested and
+  * the state's resourceVersion carries into the watch; bookmarks are requested and
     only move that resourceVersion forward;
   * a server-side watch timeout is renewed silently from the last resourceVersion;
-  * `410 Gone` relists, and the relist is applied as the real difference only
+  * `410 Gone` reads the state again, and applies it as the real difference only
     (`Cluster.replace`), so no spurious remove/add reaches any stream;
   * disconnects retry with capped exponential backoff and full jitter; meanwhile the
     last-known state keeps being served and `stale` is true (so /ready says so).
@@ -22,7 +30,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import random
 import threading
 import time
@@ -33,14 +40,12 @@ from typing import Any
 
 import prometheus_client
 import structlog
-import urllib3
 
 from bridge.cluster import Cluster, Event, EventType
 from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
 from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources import kube_wire
-from bridge.sources import kubeconfig as kubeconfig_reader
-from bridge.sources.kubeconfig import Credentials
+from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
 from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
@@ -105,111 +110,8 @@ def watched_kinds(endpoints_api: str) -> list[KindSpec]:
     return [KINDS[k] for k in order]
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(f"HTTP {status}: {reason}")
-        self.status = status
-        self.reason = reason
-
-
-class Gone(Exception):
-    """The resourceVersion we watch from has been compacted away: relist."""
-
-
 class NotOffered(Exception):
     """The API server cannot stream a watch's initial state: list it instead."""
-
-
-def load_credentials(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
-    """In-cluster config when running in a pod (and no kubeconfig is named), else
-    KUBECONFIG / ~/.kube/config, as kubectl does (bridge/sources/kubeconfig.py)."""
-    from bridge.sources import SourceSpecError
-
-    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        try:
-            return kubeconfig_reader.in_cluster()
-        except kubeconfig_reader.KubeconfigError as e:
-            raise SourceSpecError(f"kube source: in-cluster config: {e}") from e
-    # The errors name the file and the context looked for.
-    path = kubeconfig or os.environ.get("KUBECONFIG") or kubeconfig_reader.DEFAULT_KUBECONFIG
-    wanted = f"context {context!r}" if context else "its current-context"
-    if not any(f.is_file() for f in kubeconfig_reader.kubeconfig_files(kubeconfig)):
-        raise SourceSpecError(f"kube source: kubeconfig {path}: no such file (give "
-                              "--kubeconfig, or set KUBECONFIG)")
-    try:
-        return kubeconfig_reader.from_kubeconfig(kubeconfig, context)
-    except kubeconfig_reader.KubeconfigError as e:
-        raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {e}") from e
-
-
-class ApiClient:
-    """GET and streaming GET against the API server, JSON in, JSON out."""
-
-    def __init__(self, creds: Credentials) -> None:
-        self.creds = creds
-        kwargs: dict[str, Any] = {"maxsize": 16, "retries": False}
-        if creds.host.startswith("https"):
-            kwargs["cert_reqs"] = "CERT_REQUIRED" if creds.verify else "CERT_NONE"
-            if creds.ca_file:
-                kwargs["ca_certs"] = creds.ca_file
-            if creds.cert_file:
-                kwargs["cert_file"] = creds.cert_file
-                kwargs["key_file"] = creds.key_file
-        self.pool = urllib3.PoolManager(**kwargs)
-
-    def open(self, path: str, params: dict[str, Any], read_timeout: float,
-             accept: str | None = None) -> Any:
-        headers = self.creds.headers if accept is None else {**self.creds.headers,
-                                                             "Accept": accept}
-        resp = self.pool.request(
-            "GET", self.creds.host + path, fields=params, headers=headers,
-            preload_content=False,
-            timeout=urllib3.Timeout(connect=5.0, read=read_timeout),
-        )
-        if resp.status >= 300:
-            body = resp.read(65536)
-            resp.release_conn()
-            reason = kube_wire.status_message(body, resp.headers.get("Content-Type")) \
-                or resp.reason or ""
-            if resp.status == 410:
-                raise Gone(reason)
-            raise ApiError(resp.status, reason)
-        return resp
-
-    def get_json(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
-        resp = self.open(path, params, read_timeout=60.0)
-        try:
-            data = json.loads(resp.read())
-        finally:
-            resp.release_conn()
-        if not isinstance(data, dict):
-            raise ApiError(0, f"{path}: response is not an object")
-        return data
-
-    def post_json(self, path: str, body: dict[str, Any], timeout: float = 10.0,
-                  ) -> dict[str, Any]:
-        """One POST (a TokenReview, say): JSON in, JSON out; ApiError on >= 300."""
-        return self._send("POST", path, body, "application/json", timeout)
-
-    def patch_json(self, path: str, body: dict[str, Any], timeout: float = 10.0,
-                   ) -> dict[str, Any]:
-        """One JSON merge patch (a route's status); ApiError on >= 300 (409: conflict)."""
-        return self._send("PATCH", path, body, "application/merge-patch+json", timeout)
-
-    def _send(self, method: str, path: str, body: dict[str, Any], content_type: str,
-              timeout: float) -> dict[str, Any]:
-        resp = self.pool.request(
-            method, self.creds.host + path, body=json.dumps(body).encode(),
-            headers={**self.creds.headers, "Content-Type": content_type},
-            timeout=urllib3.Timeout(connect=5.0, read=timeout))
-        try:
-            data = json.loads(resp.data) if resp.data else {}
-        except ValueError:
-            data = None
-        if resp.status >= 300 or not isinstance(data, dict):
-            reason = data.get("message", resp.reason) if isinstance(data, dict) else resp.reason
-            raise ApiError(resp.status, str(reason or ""))
-        return data
 
 
 def newest_update_time(raw: dict[str, Any]) -> float | None:
@@ -558,7 +460,7 @@ class KubeSource:
             gauge = prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
                                             f"Number of {s.kind} objects in the cache",
                                             ["cluster"], registry=self._metrics)
-            gauge.labels("local").set_function(functools.partial(_count, cluster, s.kind))
+            gauge.labels(cluster.name).set_function(functools.partial(_count, cluster, s.kind))
 
 
 def _count(cluster: Cluster, kind: str) -> float:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge import pod_fields
-from bridge.objects import SharedRaw
+from bridge.decoding import SharedRaw
 from bridge.sources.kube_proto import MESSAGES
 
 JSON = "application/json"

@@ -289,7 +289,10 @@ class PolicyService:
         if svc is None:
             return [], []
         target = outbound.ServiceTarget(service, port, svc.port(port) is not None)
-        policy = ob.OutboundPolicy.FromString(self._service_policy(target, client_ns))
+        # Built afresh and kept nowhere: a debug read encodes and counts nothing.
+        policy = outbound.service_policy(self.cluster, self.config, target,
+                                         self.routes.port(service, port), client_ns,
+                                         self.semantics)
         _, rows = policy_rows(policy)
         return rows, outbound.left_out(self.routes.port(service, port), client_ns,
                                        self.semantics)

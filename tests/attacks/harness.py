@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 import yaml
 
-from bridge.sources import DEMO_DIR
+from bridge.sources.catalog import DEMO_DIR
 from harness.clients import LinkerdClient, Received, XdsClient
 from tests.polling import eventually, eventually_sync
 

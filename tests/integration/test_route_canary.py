@@ -26,7 +26,7 @@ import grpc
 import pytest
 import yaml
 
-from bridge.sources import DEMO_DIR
+from bridge.sources.catalog import DEMO_DIR
 from linkerd_api.proto import outbound_pb2 as ob
 from meshbridge.app import App
 from tests.conftest import AppFactory

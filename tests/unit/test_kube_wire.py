@@ -10,7 +10,8 @@ import struct
 
 import pytest
 
-from bridge.objects import Pod, SharedRaw, decode_object
+from bridge.decoding import SharedRaw
+from bridge.objects import Pod, decode_object
 from bridge.sources import kube_wire
 from bridge.sources.kube import newest_update_time
 from bridge.sources.kube_proto import MESSAGES

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import structlog
 
+from bridge.authority import view_authority
 from bridge.model import ViewKey
 from bridge.routes.index import PortKey, RouteIndex
 from xds_api import resource_types as rt
@@ -73,6 +74,34 @@ class RouteCache:
                 client_namespace: str) -> EncodedResource | None:
         """The RouteConfiguration `name` as a client of this kind in this namespace is
         sent it; None if the name is no service port."""
+        built = self._variant(name, client, client_namespace)
+        if built is None:
+            return None
+        key, res, left_out = built
+        kept = self._built.get(key)
+        if kept is not None:
+            return kept
+        self._built[key] = res
+        self.left_out[key] = left_out
+        self.metrics.serializations[self.type_url].inc()
+        for item in left_out:
+            self._log_once(client, item)
+        return res
+
+    def preview(self, name: str, client: ClientKind, client_namespace: str
+                ) -> tuple[EncodedResource, tuple[Unrepresentable, ...]] | None:
+        """`variant` and what it leaves out, for debug pages: what is kept if it was
+        built, else built afresh and kept nowhere, so a read counts and logs nothing."""
+        built = self._variant(name, client, client_namespace)
+        if built is None:
+            return None
+        key, res, left_out = built
+        kept = self._built.get(key)
+        return (kept, self.left_out.get(key, ())) if kept is not None else (res, left_out)
+
+    def _variant(self, name: str, client: ClientKind, client_namespace: str
+                 ) -> tuple[tuple[str, ClientKind, str], EncodedResource,
+                            tuple[Unrepresentable, ...]] | None:
         entry = self.ports.entries.get(name)
         if entry is None:
             return None
@@ -82,7 +111,7 @@ class RouteCache:
         key = (name, client, group)
         res = self._built.get(key)
         if res is not None:
-            return res
+            return key, res, self.left_out.get(key, ())
         table = port_routes.table_for(group) if port_routes is not None else None
         if table is None:
             message = build_default_route(name)
@@ -90,23 +119,7 @@ class RouteCache:
         else:
             message, left_out = build_route_config(name, table, client,
                                                    self.ports.cluster_domain)
-        res = self._built[key] = encode_named(self.type_url, name, message)
-        self.left_out[key] = left_out
-        self.metrics.serializations[self.type_url].inc()
-        for item in left_out:
-            self._log_once(client, item)
-        return res
-
-    def left_out_of(self, name: str, client: ClientKind,
-                    client_namespace: str) -> tuple[Unrepresentable, ...]:
-        """What `variant(name, client, client_namespace)` could not tell that client."""
-        entry = self.ports.entries.get(name)
-        if entry is None or self.variant(name, client, client_namespace) is None:
-            return ()
-        port_routes = self.routes.port(entry.key.service, entry.key.port)
-        group = (client_namespace if port_routes is not None
-                 and client_namespace in port_routes.consumers else "")
-        return self.left_out.get((name, client, group), ())
+        return key, encode_named(self.type_url, name, message), left_out
 
     def _log_once(self, client: ClientKind, item: Unrepresentable) -> None:
         key = (client, item.route, item.what)
@@ -151,7 +164,7 @@ class RouteCache:
             self.watchers.notify(changed)
 
     def _routes_changed(self, ports: frozenset[PortKey]) -> None:
-        names = {ViewKey(svc, port).authority(self.ports.cluster_domain)
+        names = {view_authority(ViewKey(svc, port), self.ports.cluster_domain)
                  for svc, port in ports}
         self._forget(names)
         self._version.bump()
