@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import random
 import threading
 import time
@@ -194,7 +193,7 @@ class KindWatcher:
                          resource_version=self.resource_version)
                 self.need_state = True
             except ApiError as e:
-                self.connected = False
+                attempt = self._lost(attempt)
                 if e.status == 404 and self.spec.optional:
                     if reported != "missing":
                         log.warning("CRD not installed; will check again later",
@@ -215,8 +214,15 @@ class KindWatcher:
             except Exception as e:  # network errors, truncated streams: retry
                 if self.stopping.is_set():
                     return
-                self.connected = False
+                attempt = self._lost(attempt)
                 attempt = self._back_off(attempt, f"{type(e).__name__}: {e}")
+
+    def _lost(self, attempt: int) -> int:
+        """The API is out of reach. A watch that connected since the last failure
+        starts the back-off afresh: a new outage must not wait out the last one's
+        growing delays (up to BACKOFF_CAP) after the server is back."""
+        had_connected, self.connected = self.connected, False
+        return 0 if had_connected else attempt
 
     def _settle_empty(self) -> None:
         """A kind we cannot read counts as listed-empty so readiness is not held hostage."""

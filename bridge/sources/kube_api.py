@@ -1,16 +1,15 @@
 """The Kubernetes API client: credentials as kubectl finds them
-(bridge/sources/kubeconfig.py), and requests against the API server (JSON, or the
-API's protobuf where the caller asks for it: bridge/sources/kube_wire.py). Used by the kube source's watchers, by the start-up checks
-(one list per kind before anything is served) and by the identity service's
-TokenReview; it knows nothing of what any of them asks.
+(bridge/sources/kubeconfig.py), and requests against the API server: JSON, or the
+API's protobuf where the caller asks for it (bridge/sources/kube_wire.py). Used by the
+kube source's watchers, by the start-up checks (one list per kind before anything is
+served) and by the identity service's TokenReview; it knows nothing of what any of
+them asks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import urllib3

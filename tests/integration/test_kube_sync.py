@@ -17,7 +17,8 @@ from bridge.cluster import Cluster
 from bridge.objects import Pod, decode_object, object_key
 from bridge.sources import kube as kube_source
 from bridge.sources import kube_wire
-from bridge.sources.kube import KINDS, ApiClient, KindWatcher, load_credentials
+from bridge.sources.kube import KINDS, KindWatcher
+from bridge.sources.kube_api import ApiClient, load_credentials
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
 from tests.polling import eventually_sync
