@@ -6,8 +6,9 @@ Views, the mesh configuration, the metrics registry, the stream registry, the gR
 port's limits, who may read debug answers, its own typed options, what identity
 needs to know of the source and of the port) and the gRPC server to add handlers
 to — never the App itself, so that a layer depends on what it uses and nothing else,
-and does not know which server runs it. Beyond handlers, a layer may hang on the port's life through typed hooks
-(`LayerHooks`, given to `Host.add_hooks`): the port's TLS, listeners of its own.
+and does not know which server runs it. Beyond handlers, a layer may hang on the
+port's life through typed hooks (`LayerHooks`, given to `Host.add_hooks`): the port's
+TLS, listeners of its own.
 
 The App checks what a layer does against this interface when it starts, and stops
 with one line naming the layer (`LayerError`) when a layer asks for options it does
