@@ -36,9 +36,8 @@ from linkerd_api.policy.text import policy_rows
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
-from meshbridge.host import Host
-from meshbridge.stream_registry import StreamInfo
-from meshbridge.writes import NowaitWriter, nowait_writer
+from linkerd_api.service import LinkerdOptions
+from meshbridge.host import GrpcServer, Host, Layer, NowaitWriter, StreamInfo, nowait_writer
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
@@ -120,9 +119,7 @@ def options_from_args(args: argparse.Namespace) -> PolicyOptions:
                          tuple(args.probe_networks))
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
-    from linkerd_api.service import LinkerdOptions
-
+def register(host: Host, server: GrpcServer) -> None:
     service = PolicyService(host, host.options_for(PolicyOptions),
                             host.options_for(LinkerdOptions).semantics)
     server.add_generic_rpc_handlers(service.handlers())
@@ -131,10 +128,15 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     host.add_route_renderer("linkerd", service.render_routes)
 
 
+# The destination semantics (--destination-semantics) shape its answers too.
+LAYER = Layer("linkerd_api.policy.service", register, (PolicyOptions, LinkerdOptions))
+
+
 class PolicyStream:
     """One Watch/WatchPort stream: how to compute its policy, and the newest one not
     yet written. A new policy is written at once, without waking the stream's task,
-    when the server can take it now (meshbridge.writes) and nothing is in flight."""
+    when the server can take it now (meshbridge.host.nowait_writer) and nothing is in
+    flight."""
 
     __slots__ = ("compute", "ended", "last", "on_sent", "pending", "wake", "wants",
                  "write_now", "writing")

@@ -12,8 +12,8 @@ import yaml
 from linkerd_api.policy.outbound import address_of
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
-from tests.integration.linkerd_support import Stream, addrs, channel_to, edit, kind
-from tests.integration.policy_client import (
+from testkit.linkerd import Stream, addrs, channel_to, edit, kind
+from testkit.linkerd_policy import (
     CLIENT,
     addr,
     backends_of,
