@@ -22,7 +22,7 @@ from testkit.linkerd_policy import (
     watch_addr,
     watch_port,
 )
-from tests.polling import eventually
+from testkit.polling import eventually
 
 AppFactory = Any
 CATALOG_IP = "10.96.20.10"
