@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError, Message
 from bridge.cluster import ClusterChange, ListenerStage
 from bridge.model import ServiceKey
 from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS
-from bridge.routes.index import route_index
+from bridge.routes.index import PortKey, route_index
 from bridge.routes.text import RouteRow
 from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import DEFAULT_CLUSTER_NETWORKS, Network, UnknownTarget
@@ -190,8 +190,15 @@ class PolicyService:
         self.semantics = semantics
         self.routes = route_index(host.cluster)
         # One encoding per (target, client namespace) per cluster change, whatever the
-        # number of streams watching it; emptied whenever the cluster changes.
+        # number of streams watching it; emptied when the cluster changes, or, for a
+        # change of routes alone, only for the ports whose tables it changed.
         self._encoded: dict[tuple[outbound.ServiceTarget, str], bytes] = {}
+        # The ports the route index recomputed during the change being applied (the
+        # index hears of a change at an earlier stage than this service, Routes §4),
+        # and the ports whose watchers look at that change (None: every port's).
+        self._route_ports: set[PortKey] = set()
+        self._scope: set[PortKey] | None = None
+        self.routes.add_listener(self._route_ports.update)
         self.encodings = 0  # policies encoded (tests and benchmarks read it)
         self.settings = inbound.InboundSettings(options.default_inbound_policy,
                                                 options.networks, options.probes)
@@ -227,10 +234,22 @@ class PolicyService:
             stream.end()
         with contextlib.suppress(ValueError):  # stopped twice
             self.cluster.remove_listener(self._on_change)
+            self.routes.remove_listener(self._route_ports.update)
 
     def _on_change(self, change: ClusterChange) -> None:
-        if _outbound_change(change):
-            self._encoded.clear()
+        ports = set(self._route_ports)
+        self._route_ports.clear()
+        if _routes_only(change):
+            # Routes §4: a route edit changes the policies of the ports it attaches
+            # to (their tables), nothing else: only those are encoded again, and
+            # only their watchers look.
+            self._scope = ports
+            for key in [k for k in self._encoded if (k[0].service, k[0].port) in ports]:
+                del self._encoded[key]
+        else:
+            self._scope = None
+            if _outbound_change(change):
+                self._encoded.clear()
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
@@ -277,8 +296,11 @@ class PolicyService:
         def compute() -> bytes:
             return self._service_policy(service_target, client_ns)
 
+        port_key = (service_target.service, service_target.port)
+
         def wants(change: ClusterChange) -> bool:
-            return _outbound_change(change)
+            scope = self._scope
+            return _outbound_change(change) and (scope is None or port_key in scope)
 
         compute()  # a Service that vanished between lookup and now is still served
         return compute, wants
@@ -428,6 +450,14 @@ class PolicyService:
             log.warning("policy request refused", method=method, peer=context.peer(),
                         code=code.name, reason=str(error))
         await context.abort(code, str(error))
+
+
+def _routes_only(change: ClusterChange) -> bool:
+    """Whether the only part of a change an outbound policy reads is its routes: then
+    the route index's recomputed ports are the policies it may change."""
+    return bool(change.kinds & ROUTE_KINDS) and not (
+        change.all_services or change.profiles or change.service_objects
+        or change.namespaces)
 
 
 def _outbound_change(change: ClusterChange) -> bool:
