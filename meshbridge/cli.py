@@ -24,7 +24,7 @@ from bridge.authority import AuthorityError
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
 from bridge.port_sets import PortSpecError, parse_port_set
 from h2grpc.limits import H2Limits, knobs
-from meshbridge import allocator, eventloop, gctune, layers
+from meshbridge import eventloop, gctune, layers
 from meshbridge.debug_access import ACCESS_MODES, DEFAULT_ACCESS, DebugAccess
 from meshbridge.eventloop import EVENT_LOOPS
 from meshbridge.limits import Limits
@@ -437,8 +437,6 @@ def parse_args(argv: Sequence[str],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:  # this process's own command line (not a call from a test)
-        allocator.use_malloc(sys.argv[1:])
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     func: Callable[[argparse.Namespace], int] = args.func
     try:

@@ -20,7 +20,8 @@ def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> Non
     with running([sys.executable, "-m", "meshbridge.cli", "serve",
                   "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}",
                   "--log-format", "json"], lambda: ready(admin_port),
-                 "/ready never answered 200", stdout=subprocess.PIPE,
+                 # what must happen at all: start-up takes tens of seconds on a loaded machine
+                 "/ready never answered 200", timeout=120, stdout=subprocess.PIPE,
                  stderr=subprocess.STDOUT, text=True,
                  env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
         if "PYTHONMALLOC" not in os.environ:
