@@ -9,6 +9,8 @@ raises `ObjectError` naming the object, and the caller logs it and skips it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,6 +63,8 @@ class Service:
     cluster_ips: tuple[str, ...] = ()
     external_name: str = ""
     internal_traffic_local: bool = False
+    # spec.selector; None when the Service has none (its endpoints are managed by hand).
+    selector: Labels | None = None
     kind: str = "Service"
 
     def port(self, number: int) -> ServicePort | None:
@@ -212,6 +216,21 @@ class Namespace:
     kind: str = "Namespace"
 
 
+# The one Secret type meshbridge reads: a linked cluster's credentials, as
+# `linkerd multicluster link` writes them (docs/multicluster.md).
+REMOTE_KUBECONFIG_SECRET_TYPE = "mirror.linkerd.io/remote-kubeconfig"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A Secret of type `mirror.linkerd.io/remote-kubeconfig`; Secrets of any other type
+    are not decoded (nothing else is read, so nothing else is kept)."""
+
+    meta: Meta
+    data: Mapping[str, bytes]
+    kind: str = "Secret"
+
+
 # Linkerd's policy kinds are decoded in their own module (its DECODERS and TOMBSTONES
 # are looked up when used: either module may be imported first).
 from bridge import policy_objects as _policy  # noqa: E402
@@ -221,12 +240,12 @@ if TYPE_CHECKING:
 
 KubeObject = Union[  # typing.Union: one member is a forward reference
     Service, EndpointSlice, Pod, Node, ReplicaSet, Job, Server, ServiceProfile, Namespace,
-    "PolicyObject",
+    Secret, "PolicyObject",
 ]
 
 # Kinds we decode, and the ones we recognise but have no use for (logged at debug only).
 IGNORED_KINDS = frozenset(
-    {"Deployment", "StatefulSet", "DaemonSet", "CronJob", "ConfigMap", "Secret",
+    {"Deployment", "StatefulSet", "DaemonSet", "CronJob", "ConfigMap",
      "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 )
 
@@ -376,6 +395,8 @@ def _decode_service(raw: Mapping[str, Any]) -> Service:
         cluster_ips=cluster_ips,
         external_name=_str(spec.get("externalName"), "Service", n, "spec.externalName"),
         internal_traffic_local=spec.get("internalTrafficPolicy") == "Local",
+        selector=(_str_map(spec["selector"], "Service", n, "spec.selector")
+                  if spec.get("selector") is not None else None),
     )
 
 
@@ -583,6 +604,23 @@ def _decode_profile(raw: Mapping[str, Any]) -> ServiceProfile:
     return ServiceProfile(meta, spec)
 
 
+def _decode_secret(raw: Mapping[str, Any]) -> Secret | None:
+    meta = _meta(raw, "Secret", True)
+    n = f"{meta.namespace}/{meta.name}"
+    if raw.get("type") != REMOTE_KUBECONFIG_SECRET_TYPE:
+        return None
+    data: dict[str, bytes] = {}
+    for key, value in _str_map(raw.get("data"), "Secret", n, "data").items():
+        try:
+            data[key] = base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise ObjectError("Secret", n, f"data.{key} is not base64") from None
+    # stringData: what a manifest may carry instead (the API server folds it into data).
+    for key, text in _str_map(raw.get("stringData"), "Secret", n, "stringData").items():
+        data[key] = text.encode()
+    return Secret(meta, data)
+
+
 _DECODERS: dict[str, Any] = {
     "Service": _decode_service,
     "EndpointSlice": _decode_slice,
@@ -594,6 +632,7 @@ _DECODERS: dict[str, Any] = {
     "Server": _decode_server,
     "ServiceProfile": _decode_profile,
     "Namespace": lambda raw: Namespace(_meta(raw, "Namespace", False)),
+    "Secret": _decode_secret,
 }
 
 SUPPORTED_KINDS = frozenset(_DECODERS)  # and bridge.policy_objects.POLICY_KINDS
@@ -641,6 +680,7 @@ def tombstone(kind: str, namespace: str, name: str) -> KubeObject | None:
         "Server": lambda: Server(meta, None, 0),
         "ServiceProfile": lambda: ServiceProfile(meta, {}),
         "Namespace": lambda: Namespace(Meta(name=name, namespace="")),
+        "Secret": lambda: Secret(meta, {}),
     }
     make = makers.get(kind)
     if make is None and kind in _policy.TOMBSTONES:

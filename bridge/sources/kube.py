@@ -26,17 +26,24 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import prometheus_client
 import structlog
 import urllib3
 
 from bridge.cluster import Cluster, Event, EventType
-from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
+from bridge.objects import (
+    REMOTE_KUBECONFIG_SECRET_TYPE,
+    KubeObject,
+    ObjectError,
+    decode_object,
+    tombstone,
+)
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
@@ -53,8 +60,11 @@ class KindSpec:
     kind: str
     path: str
     lag_metric: str  # Linkerd's `<kind>_informer_lag_seconds` name (Linkerd §4.9)
-    cache_metric: str  # Linkerd's `<kind>_cache_size` name
+    cache_metric: str  # Linkerd's `<kind>_cache_size` name; "" for a kind Linkerd has none of
     optional: bool = False  # a CRD that may not be installed
+    # Query parameters every list and watch carries (a label or field selector), for a
+    # watch narrowed to what is needed; `path` may then be a namespaced one.
+    params: tuple[tuple[str, str], ...] = ()
 
 
 KINDS = {
@@ -90,12 +100,36 @@ POLICY_KINDS = ("HTTPRoute", "GatewayHTTPRoute", "GRPCRoute", "AuthorizationPoli
                 "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication")
 
 
-def watched_kinds(endpoints_api: str) -> list[KindSpec]:
-    """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this."""
+def watched_kinds(endpoints_api: str, link_namespace: str = "") -> list[KindSpec]:
+    """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this
+    (and its Role the linked clusters' Secrets in `link_namespace`, when given)."""
     endpoints = "Endpoints" if endpoints_api == "endpoints" else "EndpointSlice"
     order = ["Node", "ReplicaSet", "Job", "Pod", "Server", "Service", endpoints,
              "ServiceProfile", *POLICY_KINDS]
-    return [KINDS[k] for k in order]
+    specs = [KINDS[k] for k in order]
+    if link_namespace:
+        specs.append(link_secrets(link_namespace))
+    return specs
+
+
+def link_secrets(namespace: str) -> KindSpec:
+    """The linked clusters' credentials: Secrets of Linkerd's remote-kubeconfig type in
+    the controller namespace, selected by type on the server, so no other Secret is
+    ever sent here (docs/multicluster.md)."""
+    return KindSpec("Secret", f"/api/v1/namespaces/{namespace}/secrets", "secrets", "",
+                    optional=True, params=(("fieldSelector",
+                                            f"type={REMOTE_KUBECONFIG_SECRET_TYPE}"),))
+
+
+class LagObserver(Protocol):
+    """Where a watcher records how late it saw an update (a histogram)."""
+
+    def observe(self, amount: float) -> None: ...
+
+
+def backoff_delay(attempt: int) -> float:
+    """Capped exponential backoff with full jitter (client-go's reflector)."""
+    return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
 
 
 class ApiError(Exception):
@@ -148,6 +182,11 @@ def load_credentials(kubeconfig: str | None = None, context: str | None = None) 
             if context and f"name {context} in" in reason:
                 reason = "no such context"
             raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {reason}") from e
+    return credentials_of(cfg)
+
+
+def credentials_of(cfg: Any) -> Credentials:
+    """What a loaded `kubernetes.client.Configuration` says about reaching its server."""
     headers = {"Accept": "application/json", "User-Agent": "meshbridge"}
     # Client versions differ in the key they file the bearer token under.
     token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
@@ -235,11 +274,15 @@ class KindWatcher:
     """The reflector of one kind: list, then watch from the list's resourceVersion."""
 
     def __init__(self, spec: KindSpec, client: ApiClient, emit: Callable[[Any], None],
-                 lag: prometheus_client.Histogram | None) -> None:
+                 lag: LagObserver | None,
+                 report: Callable[[str, str], None] | None = None) -> None:
         self.spec = spec
         self.client = client
         self.emit = emit
         self.lag = lag
+        # Told (category, detail) of each failure instead of logging it, by an owner that
+        # logs once per cause (a linked cluster's watches); None: log here.
+        self.report = report
         self.stopping = threading.Event()
         self.connected = False
         # Not readable at all (CRD missing, access denied): served as empty, not stale.
@@ -286,15 +329,22 @@ class KindWatcher:
                 self.connected = False
                 if e.status == 404 and self.spec.optional:
                     if reported != "missing":
-                        log.warning("CRD not installed; will check again later",
-                                    kind=self.spec.kind, path=self.spec.path)
+                        if self.report is not None:
+                            self.report("missing", f"{self.spec.kind}: not installed")
+                        else:
+                            log.warning("CRD not installed; will check again later",
+                                        kind=self.spec.kind, path=self.spec.path)
                         reported = "missing"
                     self._settle_empty()
                     self.stopping.wait(MISSING_CRD_RETRY)
                 elif e.status in (401, 403):
                     if reported != "forbidden":
-                        log.error("access denied; other kinds keep working", kind=self.spec.kind,
-                                  status=e.status, reason=e.reason)
+                        if self.report is not None:
+                            self.report("access_denied", f"{self.spec.kind}: HTTP {e.status}: "
+                                                         f"{e.reason}")
+                        else:
+                            log.error("access denied; other kinds keep working",
+                                      kind=self.spec.kind, status=e.status, reason=e.reason)
                         reported = "forbidden"
                     self._settle_empty()
                     self.stopping.wait(FORBIDDEN_RETRY)
@@ -315,15 +365,18 @@ class KindWatcher:
             self.synced = True
 
     def _back_off(self, attempt: int, reason: str) -> int:
-        delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
-        log.warning("watch disconnected; retrying", kind=self.spec.kind, reason=reason,
-                    retry_in=round(delay, 2))
+        delay = backoff_delay(attempt)
+        if self.report is not None:
+            self.report("unreachable", f"{self.spec.kind}: {reason}")
+        else:
+            log.warning("watch disconnected; retrying", kind=self.spec.kind, reason=reason,
+                        retry_in=round(delay, 2))
         self.stopping.wait(delay)
         return attempt + 1
 
     def _list(self) -> None:
         objs: list[KubeObject] = []
-        params: dict[str, Any] = {"limit": LIST_PAGE}
+        params: dict[str, Any] = {"limit": LIST_PAGE, **dict(self.spec.params)}
         while True:
             page = self.client.get_json(self.spec.path, params)
             for raw in page.get("items") or []:
@@ -336,7 +389,7 @@ class KindWatcher:
             if not cont:
                 self.resource_version = str(md.get("resourceVersion", ""))
                 break
-            params = {"limit": LIST_PAGE, "continue": cont}
+            params = {"limit": LIST_PAGE, "continue": cont, **dict(self.spec.params)}
         self.relists += 1
         self.emit(("replace", self.spec.kind, objs))
         self.synced = True
@@ -344,7 +397,8 @@ class KindWatcher:
     def _watch(self) -> None:
         timeout = random.randint(*WATCH_TIMEOUT_RANGE)
         params = {"watch": "1", "resourceVersion": self.resource_version,
-                  "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout)}
+                  "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout),
+                  **dict(self.spec.params)}
         resp = self.client.open(self.spec.path, params, read_timeout=timeout + 30)
         self._response = resp
         try:
@@ -425,13 +479,15 @@ def _lines(resp: Any) -> Iterator[bytes]:
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  endpoints_api: str = "endpointslices",
-                 credentials: Credentials | None = None) -> None:
+                 credentials: Credentials | None = None, link_namespace: str = "") -> None:
         if endpoints_api not in ("endpointslices", "endpoints"):
             raise ValueError(f"--endpoints-api {endpoints_api!r}: endpointslices or endpoints")
         self.name = "kube"
         self.kubeconfig = kubeconfig
         self.context = context
         self.endpoints_api = endpoints_api
+        # Where linked clusters' Secrets are read from ("": none are).
+        self.link_namespace = link_namespace
         self._credentials = credentials
         self.watchers: list[KindWatcher] = []
         self._metrics: prometheus_client.CollectorRegistry | None = None
@@ -455,7 +511,7 @@ class KubeSource:
         loop = asyncio.get_running_loop()
         handoff = _Handoff(loop, cluster)
 
-        specs = watched_kinds(self.endpoints_api)
+        specs = watched_kinds(self.endpoints_api, self.link_namespace)
         self._cache_gauges(specs, cluster)
         self.watchers = [KindWatcher(s, client, handoff.emit, self._lag_histogram(s))
                          for s in specs]
@@ -473,22 +529,51 @@ class KubeSource:
                 w.stop()
 
     def _lag_histogram(self, spec: KindSpec) -> prometheus_client.Histogram | None:
-        if self._metrics is None:
-            return None
-        return prometheus_client.Histogram(
-            f"{spec.lag_metric}_informer_lag_seconds",
-            f"Delay between a {spec.kind} update and this informer seeing it",
-            buckets=LAG_BUCKETS, registry=self._metrics)
+        return None if self._metrics is None else lag_histogram(self._metrics, spec)
 
     def _cache_gauges(self, specs: list[KindSpec], cluster: Cluster) -> None:
         """Cache sizes, counted when scraped: never on the path of an event."""
         if self._metrics is None:
             return
         for s in specs:
-            gauge = prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
-                                            f"Number of {s.kind} objects in the cache",
-                                            ["cluster"], registry=self._metrics)
-            gauge.labels("local").set_function(functools.partial(_count, cluster, s.kind))
+            gauge = cache_size_gauge(self._metrics, s)
+            if gauge is not None:
+                gauge.labels("local").set_function(functools.partial(_count, cluster, s.kind))
+
+
+# Linkerd's informer metrics are one family per kind, shared by every cluster's watchers
+# (the local one and each linked one, told apart by the `cluster` label of the cache
+# sizes): made once per registry, whoever asks first.
+_FAMILIES: weakref.WeakKeyDictionary[prometheus_client.CollectorRegistry,
+                                     dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def lag_histogram(registry: prometheus_client.CollectorRegistry,
+                  spec: KindSpec) -> prometheus_client.Histogram:
+    """Linkerd's `<kind>_informer_lag_seconds` (no cluster label, as in Linkerd)."""
+    name = f"{spec.lag_metric}_informer_lag_seconds"
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = prometheus_client.Histogram(
+            name, f"Delay between a {spec.kind} update and this informer seeing it",
+            buckets=LAG_BUCKETS, registry=registry)
+    histogram: prometheus_client.Histogram = families[name]
+    return histogram
+
+
+def cache_size_gauge(registry: prometheus_client.CollectorRegistry,
+                     spec: KindSpec) -> prometheus_client.Gauge | None:
+    """Linkerd's `<kind>_cache_size{cluster}`; None for a kind Linkerd has none of."""
+    if not spec.cache_metric:
+        return None
+    name = f"{spec.cache_metric}_cache_size"
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = prometheus_client.Gauge(
+            name, f"Number of {spec.kind} objects in the cache", ["cluster"],
+            registry=registry)
+    gauge: prometheus_client.Gauge = families[name]
+    return gauge
 
 
 def _count(cluster: Cluster, kind: str) -> float:
