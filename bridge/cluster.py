@@ -316,7 +316,9 @@ class Cluster:
                 self.profiles[prkey] = obj
                 change.profiles.add(prkey)
             case Namespace():
-                self.namespaces[obj.meta.name] = obj
+                if self.namespaces.get(obj.meta.name) != obj:
+                    self.namespaces[obj.meta.name] = obj
+                    change.kinds.add("Namespace")  # read by the service mirror
             case _:
                 okey = (obj.meta.namespace, obj.meta.name)
                 if self.others[obj.kind].get(okey) != obj:
@@ -364,7 +366,8 @@ class Cluster:
                 if self.profiles.pop((ns, name), None) is not None:
                     change.profiles.add((ns, name))
             case Namespace():
-                self.namespaces.pop(name, None)
+                if self.namespaces.pop(name, None) is not None:
+                    change.kinds.add("Namespace")
             case _:
                 if self.others[obj.kind].pop((ns, name), None) is not None:
                     change.kinds.add(obj.kind)

@@ -36,6 +36,8 @@ COMMANDS: dict[str, Command] = {
     "compare": Command("harness.compare.cli", "run a comparison scenario over both protocols"),
     "shadow": Command("harness.shadow.cli", "compare two control planes' answers continuously"),
     "status": Command("meshbridge.status", "print every client's sync state (/debug/syncz)"),
+    "mirror": Command("meshbridge.mirror", "keep the mirror and federated Services of the "
+                                           "linked clusters (Linkerd's service mirror)"),
 }
 
 

@@ -34,9 +34,16 @@ from bridge.cluster import Cluster, ClusterChange, Event, EventType, ListenerSta
 from bridge.model import ServiceKey
 from bridge.multicluster.demand import Demand
 from bridge.multicluster.links import Link, LinkError, link_credentials, link_from_secret
-from bridge.multicluster.remote import REMOTE_KINDS, RemoteKubeSource
+from bridge.multicluster.remote import REMOTE_KINDS, RemoteKubeSource, Report
 from bridge.objects import Secret
-from bridge.sources.kube import KINDS, KindSpec, LagObserver, cache_size_gauge, lag_histogram
+from bridge.sources.kube import (
+    KINDS,
+    Credentials,
+    KindSpec,
+    LagObserver,
+    cache_size_gauge,
+    lag_histogram,
+)
 
 log = structlog.get_logger("meshbridge.multicluster")
 
@@ -86,6 +93,7 @@ class LinkedCluster:
     replacing: _Run | None = None  # a changed link syncing beside `run`
     problem: str = ""  # the last failure category while not synced
     problem_detail: str = ""
+    failures: int = 0  # failures reported by its watches (each retry is one)
     synced_at: float | None = None
     # Held /ready since it was linked before the process was first ready (see ready()).
     holds_ready: bool = False
@@ -104,6 +112,8 @@ class LinkedCluster:
 
 
 ChangeListener = Callable[[str, "LinkedCluster | None"], None]
+# Makes the source of a kubeconfig link (its credentials are loaded already).
+KubeSourceFactory = Callable[[Link, Credentials, Report], LinkSource]
 
 
 @dataclass(slots=True)
@@ -131,7 +141,8 @@ class ClusterStore:
                  registry: prometheus_client.CollectorRegistry | None = None, *,
                  flag_links: Iterable[Link] = (), sync_timeout: float = DEFAULT_SYNC_TIMEOUT,
                  keep_on_unlink: bool = False,
-                 make_dev_source: Callable[[str], LinkSource] | None = None) -> None:
+                 make_dev_source: Callable[[str], LinkSource] | None = None,
+                 make_kube_source: KubeSourceFactory | None = None) -> None:
         self.local = local
         self.namespace = namespace
         self.registry = registry
@@ -139,6 +150,7 @@ class ClusterStore:
         self.keep_on_unlink = keep_on_unlink
         self.flag_links = {link.name: link for link in flag_links}
         self.make_dev_source = make_dev_source or _dev_source
+        self.make_kube_source = make_kube_source or self._remote_source
         self.linked: dict[str, LinkedCluster] = {}
         self.demand = Demand()
         self.listeners: list[ChangeListener] = []
@@ -293,9 +305,13 @@ class ClusterStore:
                 return self.make_dev_source(link.dev_source)
             except ValueError as e:
                 raise LinkError(link.origin, "bad_source", str(e), link.name) from None
-        credentials = link_credentials(link)
-        source = RemoteKubeSource(link.name, credentials,
-                                  functools.partial(self._report, link.name),
+        return self.make_kube_source(link, link_credentials(link),
+                                     functools.partial(self._report, link.name))
+
+    def _remote_source(self, link: Link, credentials: Credentials,
+                       report: Report) -> LinkSource:
+        """The destination's watches: narrowed to what the local Services want."""
+        source = RemoteKubeSource(link.name, credentials, report,
                                   lag=functools.partial(self._lag_of, link.name))
         source.want(self.demand.of(link.name))
         return source
@@ -346,6 +362,7 @@ class ClusterStore:
         lc = self.linked.get(cluster)
         if lc is None:
             return
+        lc.failures += 1
         if lc.synced_at is None and category in STATES:
             lc.problem, lc.problem_detail = category, detail
         if self._reported.first(cluster, category):

@@ -74,6 +74,7 @@ KINDS = {
     "Endpoints": KindSpec("Endpoints", "/api/v1/endpoints", "endpoints", "endpoints"),
     "Pod": KindSpec("Pod", "/api/v1/pods", "pods", "pod"),
     "Node": KindSpec("Node", "/api/v1/nodes", "nodes", "node"),
+    "Namespace": KindSpec("Namespace", "/api/v1/namespaces", "namespaces", ""),
     "ReplicaSet": KindSpec("ReplicaSet", "/apis/apps/v1/replicasets", "replicasets",
                            "replicaset"),
     "Job": KindSpec("Job", "/apis/batch/v1/jobs", "jobs", "job"),
@@ -479,7 +480,8 @@ def _lines(resp: Any) -> Iterator[bytes]:
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  endpoints_api: str = "endpointslices",
-                 credentials: Credentials | None = None, link_namespace: str = "") -> None:
+                 credentials: Credentials | None = None, link_namespace: str = "",
+                 kinds: list[KindSpec] | None = None) -> None:
         if endpoints_api not in ("endpointslices", "endpoints"):
             raise ValueError(f"--endpoints-api {endpoints_api!r}: endpointslices or endpoints")
         self.name = "kube"
@@ -488,6 +490,8 @@ class KubeSource:
         self.endpoints_api = endpoints_api
         # Where linked clusters' Secrets are read from ("": none are).
         self.link_namespace = link_namespace
+        # What to watch instead of what serving needs (a controller that reads less).
+        self.kinds = kinds
         self._credentials = credentials
         self.watchers: list[KindWatcher] = []
         self._metrics: prometheus_client.CollectorRegistry | None = None
@@ -511,7 +515,7 @@ class KubeSource:
         loop = asyncio.get_running_loop()
         handoff = _Handoff(loop, cluster)
 
-        specs = watched_kinds(self.endpoints_api, self.link_namespace)
+        specs = self.kinds or watched_kinds(self.endpoints_api, self.link_namespace)
         self._cache_gauges(specs, cluster)
         self.watchers = [KindWatcher(s, client, handoff.emit, self._lag_histogram(s))
                          for s in specs]
