@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         creds = await asyncio.to_thread(load_kube_credentials, args.kubeconfig, args.context)
         local = Cluster()
         source = KubeSource(credentials=creds,
-                            kinds=list(local_kinds(args.controller_namespace)))
+                            kinds=local_kinds(args.controller_namespace))
         synced = asyncio.Event()
         tasks = [asyncio.create_task(source.run(local, synced), name="local")]
         await synced.wait()

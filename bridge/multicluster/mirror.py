@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,15 @@ from bridge.multicluster.remote import Report
 from bridge.multicluster.store import ClusterStore, LinkedCluster, LinkSource
 from bridge.multicluster.targets import REMOTE_DISCOVERY, federation
 from bridge.objects import Service
-from bridge.sources.kube import KINDS, ApiClient, ApiError, Credentials, KubeSource
+from bridge.sources.kube import (
+    KINDS,
+    ApiClient,
+    ApiError,
+    Credentials,
+    KindSpec,
+    KubeSource,
+    link_secrets,
+)
 
 log = structlog.get_logger("meshbridge.mirror")
 
@@ -260,10 +268,9 @@ def _path(svc: Service) -> str:
     return f"/api/v1/namespaces/{svc.meta.namespace}/services/{svc.meta.name}"
 
 
-def local_kinds(namespace: str) -> Iterator[Any]:
-    """What the mirror watches locally: Services, Namespaces, the links' Secrets."""
-    from bridge.sources.kube import link_secrets
+NAMESPACES = KindSpec("Namespace", "/api/v1/namespaces", "namespaces", "")
 
-    yield KINDS["Service"]
-    yield KINDS["Namespace"]
-    yield link_secrets(namespace)
+
+def local_kinds(namespace: str) -> list[KindSpec]:
+    """What the mirror watches locally: Services, Namespaces, the links' Secrets."""
+    return [KINDS["Service"], NAMESPACES, link_secrets(namespace)]

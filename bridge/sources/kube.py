@@ -74,7 +74,6 @@ KINDS = {
     "Endpoints": KindSpec("Endpoints", "/api/v1/endpoints", "endpoints", "endpoints"),
     "Pod": KindSpec("Pod", "/api/v1/pods", "pods", "pod"),
     "Node": KindSpec("Node", "/api/v1/nodes", "nodes", "node"),
-    "Namespace": KindSpec("Namespace", "/api/v1/namespaces", "namespaces", ""),
     "ReplicaSet": KindSpec("ReplicaSet", "/apis/apps/v1/replicasets", "replicasets",
                            "replicaset"),
     "Job": KindSpec("Job", "/apis/batch/v1/jobs", "jobs", "job"),
