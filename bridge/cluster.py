@@ -316,9 +316,7 @@ class Cluster:
                 self.profiles[prkey] = obj
                 change.profiles.add(prkey)
             case Namespace():
-                if self.namespaces.get(obj.meta.name) != obj:
-                    self.namespaces[obj.meta.name] = obj
-                    change.kinds.add("Namespace")  # read by the service mirror
+                self.namespaces[obj.meta.name] = obj
             case _:
                 okey = (obj.meta.namespace, obj.meta.name)
                 if self.others[obj.kind].get(okey) != obj:
@@ -366,8 +364,7 @@ class Cluster:
                 if self.profiles.pop((ns, name), None) is not None:
                     change.profiles.add((ns, name))
             case Namespace():
-                if self.namespaces.pop(name, None) is not None:
-                    change.kinds.add("Namespace")
+                self.namespaces.pop(name, None)
             case _:
                 if self.others[obj.kind].pop((ns, name), None) is not None:
                     change.kinds.add(obj.kind)
