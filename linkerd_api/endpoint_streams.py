@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Literal
 
 from bridge.cluster import Cluster
-from bridge.model import ViewKey
+from bridge.model import ResolvedEndpoint, ViewKey
+from bridge.multicluster.views import MultiClusterViews
 from bridge.views import View, ViewChange
 from linkerd_api.queue import Outgoing, UpdateQueue
 from linkerd_api.translate import Translator, has_ready, ready_diff, ready_endpoints, set_labels
@@ -41,12 +42,14 @@ class UpdateEncoder:
     Both send the whole set as one `add` first, then `add` before `remove` per change.
     """
 
-    def __init__(self, cluster: Cluster, translator: Translator, semantics: Semantics) -> None:
+    def __init__(self, cluster: Cluster, translator: Translator, semantics: Semantics,
+                 views: MultiClusterViews | None = None) -> None:
         self.cluster = cluster
         self.translator = translator
         self.semantics = semantics
-        self._set_labels: weakref.WeakKeyDictionary[View, tuple[int, dict[str, str]]] = (
-            weakref.WeakKeyDictionary())
+        self.views = views
+        self._set_labels: weakref.WeakKeyDictionary[
+            View, dict[str, tuple[int, dict[str, str]]]] = weakref.WeakKeyDictionary()
 
     def snapshot(self, view: View) -> Messages:
         """What a new subscriber of `view` is sent first."""
@@ -61,16 +64,37 @@ class UpdateEncoder:
             cached = view.cached(_DIFF, lambda: self._encode_diff(view, change))
         return cached
 
-    def _labels(self, view: View) -> dict[str, str]:
+    def _labels(self, view: View, member_cluster: str = "") -> dict[str, str]:
         """The set labels, read from the service's slices again only when one of them
-        changed (`Cluster.slice_stamps`), not on every version."""
-        stamp = self.cluster.slice_stamps.get(view.key.service, 0)
-        known = self._set_labels.get(view)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        labels = set_labels(self.cluster, view.key.service)
-        self._set_labels[view] = (stamp, labels)
+        changed (`Cluster.slice_stamps`), not on every version. A View served from
+        other clusters' Views has the labels of each member's own service and slices,
+        as each of Linkerd's per-member translators sends them."""
+        cluster, service = self.cluster, view.key.service
+        merged = self.views.merged_port(view) if self.views is not None else None
+        if merged is not None and self.views is not None:
+            member = merged.member_in(member_cluster)
+            if member is not None:
+                service = member.service
+                if member.cluster:
+                    linked = self.views.linked.get(member.cluster)
+                    cluster = linked[0].cluster if linked is not None else cluster
+        stamp = cluster.slice_stamps.get(service, 0)
+        known = self._set_labels.setdefault(view, {})
+        hit = known.get(member_cluster)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        labels = set_labels(cluster, service)
+        known[member_cluster] = (stamp, labels)
         return labels
+
+    def _adds(self, view: View, endpoints: list[ResolvedEndpoint]) -> list[bytes]:
+        """One `add` per member cluster the endpoints come from (one for a View of
+        one cluster), each with its set labels."""
+        by_cluster: dict[str, list[ResolvedEndpoint]] = {}
+        for r in endpoints:
+            by_cluster.setdefault(r.id.cluster, []).append(r)
+        return [self.translator.add(group, self._labels(view, cluster))
+                for cluster, group in sorted(by_cluster.items())]
 
     def _encode_snapshot(self, view: View) -> Messages:
         return tuple((str(view.version), m) for m in self.snapshot_messages(view))
@@ -78,7 +102,7 @@ class UpdateEncoder:
     def snapshot_messages(self, view: View) -> list[bytes]:
         ready = ready_endpoints(view.snapshot)
         if ready:
-            return [self.translator.add(ready, self._labels(view))]
+            return self._adds(view, ready)
         if self.semantics == "proto":
             return [self.translator.no_endpoints(view.exists)]
         return []
@@ -92,7 +116,7 @@ class UpdateEncoder:
         out: list[bytes] = []
         # Add before remove, as Linkerd's publishDiff does (§2.5).
         if added:
-            out.append(self.translator.add(added, self._labels(view)))
+            out.extend(self._adds(view, added))
         if removed:
             out.append(self.translator.remove(removed))
         if (self.semantics == "proto" and (removed or change.exists_changed)
@@ -104,7 +128,7 @@ class UpdateEncoder:
 class EndpointStream(UpdateQueue):
     """One Get RPC's subscription to one View: queues what the encoder produced."""
 
-    __slots__ = ("encoder", "key", "label", "on_overflow", "peer")
+    __slots__ = ("encoder", "ends_with_service", "key", "label", "on_overflow", "peer")
 
     def __init__(self, capacity: int, encoder: UpdateEncoder, key: ViewKey, label: str,
                  peer: str, on_overflow: Callable[[EndpointStream], None]) -> None:
@@ -114,9 +138,14 @@ class EndpointStream(UpdateQueue):
         self.label = label  # the `service` label of this stream's metrics
         self.peer = peer
         self.on_overflow = on_overflow
+        # A federated Service's stream ends when the Service does (status OK).
+        self.ends_with_service = False
 
     def on_view_change(self, view: View, change: ViewChange) -> None:
         if self.ended:
+            return
+        if self.ends_with_service and not view.exists:
+            self.end()
             return
         messages = self.encoder.diff(view, change)
         if messages and self.info is not None:

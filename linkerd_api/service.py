@@ -29,6 +29,8 @@ from google.protobuf.message import DecodeError
 
 from bridge.authority import AuthorityError
 from bridge.model import FilterKey, ServiceKey, ViewKey
+from bridge.multicluster.views import MissingRemoteService
+from bridge.multicluster.views import UnknownCluster as UnknownClusterError
 from bridge.views import InvalidService, View
 from linkerd_api.authority import (
     ContextToken,
@@ -42,6 +44,8 @@ from linkerd_api.errors import (
     BadRequest,
     DestinationError,
     NoSuchWorkload,
+    NotRemoteDiscoverable,
+    UnknownCluster,
     UnknownService,
 )
 from linkerd_api.profile_streams import (
@@ -71,6 +75,8 @@ STATUS_OF: dict[type[DestinationError], grpc.StatusCode] = {
     UnknownService: grpc.StatusCode.NOT_FOUND,
     NoSuchWorkload: grpc.StatusCode.NOT_FOUND,
     AmbiguousAddress: grpc.StatusCode.FAILED_PRECONDITION,
+    NotRemoteDiscoverable: grpc.StatusCode.FAILED_PRECONDITION,
+    UnknownCluster: grpc.StatusCode.NOT_FOUND,
 }
 
 # A real linkerd2-proxy retries a refused Get with backoff for as long as its balancer
@@ -141,7 +147,8 @@ class DestinationService:
         self.semantics: Semantics = options.semantics
         self.capacity = options.stream_queue_capacity
         self.translator = Translator(host.config)
-        self.encoder = UpdateEncoder(host.cluster, self.translator, self.semantics)
+        self.encoder = UpdateEncoder(host.cluster, self.translator, self.semantics,
+                                     host.views)
         self.profiles = ProfileRegistry(host.cluster, host.config, self.translator,
                                         self.semantics)
         self.streams: set[UpdateQueue] = set()
@@ -199,9 +206,18 @@ class DestinationService:
             stream = EndpointStream(self.capacity, self.encoder, key, label, peer,
                                     self._endpoint_overflow)
             try:
+                # A remote-discovery target's refusals come first (Linkerd §2.4).
+                self.host.views.check(key)
                 view = self.host.views.subscribe(key, stream, "linkerd")
             except InvalidService as e:
                 raise BadRequest(f"Invalid authority: {path}: {e}") from None
+            except MissingRemoteService as e:
+                raise NotRemoteDiscoverable(str(e)) from None
+            except UnknownClusterError as e:
+                raise UnknownCluster(str(e)) from None
+            merged = self.host.views.merged_port(view)
+            # A federated Service that goes ends its streams (Linkerd §2.4).
+            stream.ends_with_service = merged is not None and merged.kind == "federated"
         except DestinationError as e:
             await self._refuse(context, "Get", peer, path, e)
             return

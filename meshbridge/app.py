@@ -22,6 +22,9 @@ import structlog
 from bridge.authority import format_authority
 from bridge.cluster import Cluster
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
+from bridge.multicluster.links import Link
+from bridge.multicluster.store import DEFAULT_SYNC_TIMEOUT, ClusterStore
+from bridge.multicluster.views import MultiClusterViews
 from bridge.sources import Source
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
@@ -51,6 +54,10 @@ class ServeOptions:
     grpc_transport: str = "native"
     # Each layer's typed options (a dataclass of its own), found by type: Host.options_for.
     layer_options: tuple[object, ...] = ()
+    # Clusters linked by flag (`--link`), besides the Secrets the source carries, and
+    # how long a linked cluster may hold /ready at start (docs/multicluster.md).
+    links: tuple[Link, ...] = ()
+    link_sync_timeout: float = DEFAULT_SYNC_TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +122,19 @@ class App:
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
         from bridge.view_metrics import ViewMetrics
-        from bridge.views import ViewRegistry
 
         self.config = config or MeshConfig()
         self.options = options or ServeOptions()
         self.source = source
         self.cluster = Cluster()
         self.metrics = registry or prometheus_client.CollectorRegistry()
-        self.views = ViewRegistry(self.cluster, self.config, ViewMetrics(self.metrics))
+        # Linked clusters (their Secrets in the controller namespace, `--link`), and
+        # the Views of every cluster, which the layers subscribe through.
+        self.clusters = ClusterStore(self.cluster, self.config.controller_namespace,
+                                     self.metrics, flag_links=self.options.links,
+                                     sync_timeout=self.options.link_sync_timeout)
+        self.views = MultiClusterViews(self.cluster, self.config, ViewMetrics(self.metrics),
+                                       self.clusters)
         if registry is None:
             prometheus_client.ProcessCollector(registry=self.metrics)
             prometheus_client.PlatformCollector(registry=self.metrics)
@@ -151,6 +163,7 @@ class App:
 
     async def start(self, wait_synced: bool = True) -> None:
         self._source_task = asyncio.create_task(self._run_source(), name="source")
+        self.clusters.start()
         limits = self.options.limits
         self.rpc_guard = RpcGuard(limits.max_streams_per_client, GrpcMetrics(self.metrics))
         server = self._grpc_server(limits)
@@ -226,6 +239,7 @@ class App:
             await stopping
         for stop_listeners in layer_listeners:
             await stop_listeners(grace)
+        self.clusters.stop()
         if self._source_task is not None:
             self._source_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -325,6 +339,10 @@ class App:
             why = getattr(self.source, "stale_reason", None)  # optional on a Source
             return Response.text(503, f"not ready: source {self.source.name} is stale"
                                       + (f": {why}" if why else ""))
+        waiting = self.clusters.ready()
+        if waiting:
+            return Response.text(503, "not ready: linked cluster(s) not synced yet: "
+                                      + ", ".join(waiting))
         return Response.text(200, "ready")
 
 

@@ -16,7 +16,7 @@ import prometheus_client
 
 from bridge.cluster import Cluster
 from bridge.model import MeshConfig
-from bridge.views import ViewRegistry
+from bridge.multicluster.views import MultiClusterViews
 from meshbridge.debug import Renderer
 from meshbridge.limits import Limits
 from meshbridge.stream_registry import StreamRegistry
@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 class Host(Protocol):
     cluster: Cluster
-    views: ViewRegistry
+    views: MultiClusterViews  # the local cluster's Views and every linked cluster's
     config: MeshConfig
     metrics: prometheus_client.CollectorRegistry
     streams: StreamRegistry

@@ -54,8 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated label keys (or prefix/*) not copied")
     p.add_argument("--excluded-annotations", default="",
                    help="comma-separated annotation keys (or prefix/*) not copied")
-    p.add_argument("--log-format", choices=("json", "console"), default="console")
-    p.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    p.add_argument("--log-format", choices=("json", "console"), default="console",
+                   help="json: one object a line; console: key=value for a terminal")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                   help="the least severe level logged")
 
 
 def run(args: argparse.Namespace) -> int:
