@@ -111,7 +111,7 @@ class MultiClusterViews(ViewRegistry):
     def subscribe(self, key: ViewKey, subscriber: ViewSubscriber, protocol: str) -> View:
         kind = self._kind(key, protocol)
         if kind is None:
-            return super().subscribe(key, subscriber, protocol)
+            return self._subscribe_local(key, subscriber, protocol)
         port = self.merged.get(key)
         if port is None or port.kind != kind:
             port = self._open(key, kind)
@@ -127,8 +127,10 @@ class MultiClusterViews(ViewRegistry):
             self._close(key, port)
 
     def view(self, key: ViewKey, create: bool = False) -> View | None:
+        """The View a subscription to `key` would join (for one-off reads: istiod's
+        merging, which depends on who asks, is not applied here)."""
         port = self.merged.get(key)
-        if port is not None:
+        if port is not None and port.kind != "istio":
             return port.view
         return super().view(key, create)
 
@@ -236,8 +238,20 @@ class MultiClusterViews(ViewRegistry):
         return MemberSource(remote_key, registry.subscribe_member, registry.unsubscribe,
                             registry)
 
+    def _subscribe_local(self, key: ViewKey, subscriber: ViewSubscriber,
+                         protocol: str) -> View:
+        # The local registry's own View of the key, never a merged port's (a port
+        # merging a service with its namesakes has the very same key).
+        svc = self.cluster.services.get(key.service)
+        if svc is not None and svc.type == "ExternalName":
+            raise InvalidService(f"{key.service} is an ExternalName service")
+        view = ViewRegistry.view(self, key, create=True)
+        assert view is not None
+        view.add_subscriber(subscriber, protocol)
+        return view
+
     def _join_local(self, key: ViewKey, feed: MemberFeed) -> View:
-        return ViewRegistry.subscribe(self, key, feed, "merged")
+        return self._subscribe_local(key, feed, "merged")
 
     def _leave_local(self, key: ViewKey, feed: MemberFeed) -> None:
         ViewRegistry.unsubscribe(self, key, feed)
