@@ -132,7 +132,11 @@ def options_from_args(args: argparse.Namespace) -> LinkerdOptions:
 
 def register(host: Host, server: grpc.aio.Server) -> None:
     """Mount the destination service on the host's gRPC server."""
-    service = DestinationService(host, host.options_for(LinkerdOptions))
+    options = host.options_for(LinkerdOptions)
+    if options.semantics == "linkerd-2.20" and host.views.store is not None:
+        # Linkerd 2.20 leaves an unlinked cluster's endpoints on open streams.
+        host.views.store.keep_on_unlink = True
+    service = DestinationService(host, options)
     server.add_generic_rpc_handlers((service.handler(),))
     host.on_stop(service.stop)
     host.add_renderer("linkerd", service.render_view)

@@ -7,6 +7,9 @@
     /debug/syncz           per client stream and type (xDS) or target (Linkerd): version
                            sent, version ACKed, SYNCED / STALE / NACKED (istiod's syncz;
                            `meshbridge status` prints it as a table)
+    /debug/clusters        every linked cluster: where it is linked from, its domains,
+                           its state (syncing, synced, stale, unreachable, ...) and why,
+                           what is watched there and what its cache holds
     /debug/endpoints?authority=<svc>.<ns>.svc.<domain>:<port>[&node=<node>]
                            that target as the core View holds it and as each protocol
                            layer encodes it, side by side (HTML, one row per endpoint
@@ -80,6 +83,8 @@ def install(app: App) -> None:
     app.admin.route("/debug/endpoints", lambda req: _endpoints(app, req))
     app.admin.route("/debug/syncz", lambda req: _no_params(req) or _json(
         200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)]))
+    app.admin.route("/debug/clusters", lambda req: _no_params(req) or _json(
+        200, app.clusters.describe()))
 
 
 class _Probe:

@@ -191,8 +191,33 @@ class ClusterStore:
                 if run is not None:
                     run.stop()
 
+    def set_flag_links(self, links: Iterable[Link]) -> None:
+        """Replace the links made by flag (or by a tool, at run time): added, changed
+        and removed as Secrets are."""
+        self.flag_links = {link.name: link for link in links}
+        if self._started:
+            self._reconcile_links()
+
     def get(self, name: str) -> LinkedCluster | None:
         return self.linked.get(name)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every linked cluster as /debug/clusters shows it."""
+        now = time.monotonic()
+        out = []
+        for name, lc in sorted(self.linked.items()):
+            out.append({
+                "cluster": name, "source": lc.link.origin,
+                "cluster_domain": lc.link.cluster_domain,
+                "trust_domain": lc.link.trust_domain, "state": lc.state,
+                "problem": lc.problem_detail, "failures": lc.failures,
+                "linked_seconds_ago": round(now - lc.added_at, 1),
+                "synced_seconds_ago": (round(now - lc.synced_at, 1)
+                                       if lc.synced_at is not None else None),
+                "new_credentials_syncing": lc.replacing is not None,
+                "wanted": sorted(str(s) for s in self.demand.of(name)),
+                "cache": lc.cluster.counts()})
+        return out
 
     def ready(self) -> list[str]:
         """The linked clusters /ready waits for: those linked before the process was

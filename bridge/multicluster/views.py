@@ -101,7 +101,10 @@ class MultiClusterViews(ViewRegistry):
                 f"{key.service} has a multicluster.linkerd.io/remote-discovery label but "
                 "no multicluster.linkerd.io/remote-service label")
         linked = self.linked.get(target.cluster)
-        if linked is None:
+        # An unlinked cluster whose endpoints open streams keep (Linkerd 2.20) is not
+        # found by a new subscription either: the store says what is linked.
+        if linked is None or (self.store is not None
+                              and self.store.get(target.cluster) is None):
             raise UnknownCluster(target.cluster)
         remote = linked[0].cluster.services.get(target.service)
         if remote is not None and remote.type == "ExternalName":

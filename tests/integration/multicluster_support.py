@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from kubernetes import client, config
 
+from bridge.model import MeshConfig
+from bridge.multicluster.links import Link
+from bridge.sources.kube import KubeSource
+from linkerd_api.service import LinkerdOptions
+from meshbridge.app import App, ServeOptions
+from meshbridge.layers import protocol_layers
 from tests.integration.kubeapi import KubeAPIServer
+from tests.polling import eventually
+from xds_api.service import XdsOptions
 
 EAST_TRUST_DOMAIN = "east.local"
 SECRET_TYPE = "mirror.linkerd.io/remote-kubeconfig"
@@ -169,6 +178,54 @@ class Objects:
 
     def delete_secret(self, controller_ns: str, name: str) -> None:
         self.core.delete_namespaced_secret(name, controller_ns)
+
+
+    def node(self, zone: str) -> str:
+        """A Node in `zone` (cluster-scoped: named after this namespace; `close` leaves
+        it, `delete_nodes` removes it)."""
+        name = f"{self.ns}-{zone}"
+        with contextlib.suppress(client.ApiException):
+            self.core.create_node({"metadata": {"name": name, "labels": {
+                "topology.kubernetes.io/zone": zone}}})
+        return name
+
+    def delete_nodes(self) -> None:
+        for node in self.core.list_node().items:
+            if node.metadata.name.startswith(f"{self.ns}-"):
+                with contextlib.suppress(client.ApiException):
+                    self.core.delete_node(node.metadata.name)
+
+
+def token(ns: str, node: str) -> str:
+    """A proxy's context token: its namespace and node."""
+    return json.dumps({"ns": ns, "nodeName": node, "pod": "client"})
+
+
+@contextlib.asynccontextmanager
+async def serving(local: KubeAPIServer, controller_ns: str, *, semantics: str = "proto",
+                  xds: XdsOptions | None = None, links: Sequence[Link] = (),
+                  sync_timeout: float = 30.0) -> AsyncIterator[App]:
+    """meshbridge serving the local cluster, reading linked clusters' Secrets from
+    `controller_ns` (its controller namespace too: identities name it)."""
+    source = KubeSource(kubeconfig=str(local.kubeconfig_path), link_namespace=controller_ns)
+    layer_options: list[object] = [LinkerdOptions(semantics)]  # type: ignore[arg-type]
+    if xds is not None:
+        layer_options.append(xds)
+    app = App(source, MeshConfig(controller_namespace=controller_ns),
+              ServeOptions("127.0.0.1:0", "127.0.0.1:0", links=tuple(links),
+                           link_sync_timeout=sync_timeout,
+                           layer_options=tuple(layer_options)), layers=protocol_layers())
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop(0.2)
+
+
+async def linked(app: App, name: str, timeout: float = 20.0) -> None:
+    """Wait until the linked cluster `name` has synced."""
+    await eventually(lambda: (lc := app.clusters.get(name)) is not None
+                     and lc.state == "synced", timeout, f"cluster {name} never synced")
 
 
 def mirror_labels(cluster: str, remote_service: str) -> dict[str, str]:
