@@ -22,6 +22,7 @@ clusters' endpoints, Linkerd 2.20's behaviour).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 from collections.abc import Iterable
@@ -280,15 +281,16 @@ class MultiClusterViews(ViewRegistry):
             if self.store is not None and self.store.keep_on_unlink:
                 return  # Linkerd 2.20: open streams keep what they had
             del self.linked[name]
-        elif current is not None and current[0] is lc and current[1].cluster is lc.cluster:
-            if current[1].config.trust_domain == lc.link.trust_domain:
-                return
-            self.linked[name] = (lc, LinkedViews(lc, self.config, self.metrics))
+        elif current is not None and current[0] is lc and current[1].cluster is lc.cluster \
+                and current[1].config.trust_domain == lc.link.trust_domain:
+            return  # the same cluster, synced now: its Views follow it already
         else:
             self.linked[name] = (lc, LinkedViews(lc, self.config, self.metrics))
         for port in list(self.merged.values()):
             if port.kind == "istio" or any(m.cluster == name for m in port.members):
                 self._refresh(port)
+        if current is not None:
+            current[1].close()  # after its members moved: nothing reads it any more
 
 
 def _order(key: ViewKey) -> tuple[ServiceKey, int, str, str]:
@@ -307,3 +309,8 @@ class LinkedViews(ViewRegistry):
 
     def subscribe_member(self, key: ViewKey, feed: MemberFeed) -> View:
         return self.subscribe(key, feed, "merged")
+
+    def close(self) -> None:
+        """Stop following the cluster (its link was replaced or removed)."""
+        with contextlib.suppress(ValueError):
+            self.cluster.remove_listener(self._on_cluster_change)
