@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from bridge.cluster import Cluster
-from bridge.model import Endpoint, EndpointId, FilterKey, MeshConfig, ViewKey
+from bridge.model import Endpoint, EndpointId, MeshConfig, ViewKey
 from bridge.multicluster.targets import Member
 from bridge.view_metrics import ViewMetrics
 from bridge.views import InvalidService, VersionedMap, View, ViewChange
@@ -81,9 +81,8 @@ class MergedPort:
         self.kind = kind  # remote-discovery | federated | istio
         # Filtered already by each member's View; here only locality and weight are
         # resolved, against the subscriber's node in the local cluster.
-        own = ViewKey(key.service, key.port,
-                      FilterKey(key.filter.node_name, key.filter.hostname, filtering=False))
-        self.view = View(own, local, config, metrics)
+        self.view = View(key, local, config, metrics)
+        self.view.filters = False
         self.available: VersionedMap[EndpointId, Endpoint] = VersionedMap()
         self.exists = False
         self.members: dict[Member, MemberFeed] = {}

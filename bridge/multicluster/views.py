@@ -172,7 +172,10 @@ class MultiClusterViews(ViewRegistry):
         old = self.merged.get(key)
         if old is not None and not old.view.subscribers:
             self._close(key, old)
-        port = MergedPort(key, self.cluster, self.config, self.metrics, kind)
+        # istiod-style merging shares its key with the local View it merges: one set of
+        # endpoints_* series per key, the local one's.
+        port = MergedPort(key, self.cluster, self.config,
+                          None if kind == "istio" else self.metrics, kind)
         self.merged[key] = port
         self._port_of_view[port.view] = port
         self._merged_by_service.setdefault(key.service, set()).add(key)

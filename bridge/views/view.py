@@ -68,6 +68,9 @@ class View:
         # every new version, so N subscribers cost one serialization.
         self.cache: dict[Hashable, Any] = {}
         self.diff_computations = 0
+        # False for a View whose endpoints each come filtered already (one served from
+        # other clusters' Views, bridge.multicluster): only locality and weight then.
+        self.filters = True
 
     def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
         try:
@@ -229,7 +232,7 @@ class View:
         fk = self.key.filter
         node_zone = self._cluster.node_zone(fk.node_name) if fk.node_name else ""
         local_only = hinted = False
-        if fk.filtering:
+        if fk.filtering and self.filters:
             svc = self._cluster.services.get(self.key.service)
             local_only = svc is not None and svc.internal_traffic_local
             hinted = not local_only
@@ -248,7 +251,7 @@ class View:
         if fk.hostname:
             cands = [e for e in cands if e.hostname == fk.hostname]
         node_zone = cluster.node_zone(fk.node_name) if fk.node_name else ""
-        if fk.filtering:
+        if fk.filtering and self.filters:
             svc = cluster.services.get(self.key.service)
             if svc is not None and svc.internal_traffic_local:
                 # No fallback: a client on a node without endpoints gets none.
