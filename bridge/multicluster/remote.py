@@ -293,7 +293,8 @@ class RemoteKubeSource:
         assert self._client is not None
         spec = self._spec(ns, kind)
         watcher = KindWatcher(spec, self._client, _nowhere,
-                              self.lag(spec) if self.lag is not None else None, self.report)
+                              self.lag(spec) if self.lag is not None else None,
+                              self._report_from_thread)
         # What a watcher emits is applied only while it is the namespace's watch of its
         # kind (`_apply`), so each item carries the watcher it came from.
         watcher.emit = functools.partial(self._emit, watcher)
@@ -311,6 +312,13 @@ class RemoteKubeSource:
                        params=params)
 
     # ------------------------------------------------------------------ applying
+
+    def _report_from_thread(self, category: str, detail: str) -> None:
+        """A watch thread's failure, told to the owner on the loop."""
+        loop = self._loop
+        if loop is not None and not self._closed:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
+                loop.call_soon_threadsafe(self.report, category, detail)
 
     def _emit(self, watcher: KindWatcher, item: Any) -> None:
         """Called on a watch thread: batch, and wake the loop once per burst."""
