@@ -54,6 +54,7 @@ LAG_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
 SYNCING, SYNCED, STALE = "syncing", "synced", "stale"
 UNREACHABLE, REFUSED, DENIED = "unreachable", "credentials_refused", "access_denied"
 STATES = (SYNCING, SYNCED, STALE, UNREACHABLE, REFUSED, DENIED)
+RECOVERED = "recovered"  # reported when the API answers again after failures
 
 
 class LinkSource(Protocol):
@@ -386,6 +387,12 @@ class ClusterStore:
         """A linked cluster's watches failing: logged once per cause, counted."""
         lc = self.linked.get(cluster)
         if lc is None:
+            return
+        if category == RECOVERED:
+            if self._reported.causes.get(cluster) not in (None, RECOVERED):
+                self._reported.first(cluster, RECOVERED)
+                log.info("linked cluster reachable again", cluster=cluster,
+                         stale=lc.state == STALE)
             return
         lc.failures += 1
         if lc.synced_at is None and category in STATES:

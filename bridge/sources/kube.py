@@ -291,6 +291,7 @@ class KindWatcher:
         self.resource_version = ""
         self.relists = 0
         self._response: Any = None
+        self._failed = False  # since the last time the API answered
         self._update_times: dict[tuple[str, str], float] = {}
         self.thread = threading.Thread(target=self._run, name=f"watch-{spec.kind}", daemon=True)
 
@@ -327,6 +328,7 @@ class KindWatcher:
                 need_list = True
             except ApiError as e:
                 self.connected = False
+                self._failed = True
                 if e.status == 404 and self.spec.optional:
                     if reported != "missing":
                         if self.report is not None:
@@ -355,6 +357,7 @@ class KindWatcher:
                 if self.stopping.is_set():
                     return
                 self.connected = False
+                self._failed = True
                 attempt = self._back_off(attempt, f"{type(e).__name__}: {e}")
 
     def _settle_empty(self) -> None:
@@ -393,6 +396,15 @@ class KindWatcher:
         self.relists += 1
         self.emit(("replace", self.spec.kind, objs))
         self.synced = True
+        self._answered()
+
+    def _answered(self) -> None:
+        """The API answered again after failures: an owner that logs once per cause
+        hears that the cause is gone."""
+        if self._failed:
+            self._failed = False
+            if self.report is not None:
+                self.report("recovered", self.spec.kind)
 
     def _watch(self) -> None:
         timeout = random.randint(*WATCH_TIMEOUT_RANGE)
@@ -401,6 +413,7 @@ class KindWatcher:
                   **dict(self.spec.params)}
         resp = self.client.open(self.spec.path, params, read_timeout=timeout + 30)
         self._response = resp
+        self._answered()
         try:
             for line in _lines(resp):
                 if self.stopping.is_set():
