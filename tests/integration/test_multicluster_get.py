@@ -172,6 +172,10 @@ async def test_row_2_remote_discovery_answers_as_linkerd_does_and_row_8_follows_
         await get.until({"10.2.0.1:8080"})
         assert kind(get.updates[-1]) == "remove"
         assert addrs(get.updates[-1]) == ["10.2.0.2:8080"]
+        # The remote Service goes: its addresses go, the stream stays (as in 2.20).
+        t.east.delete_service("foo")
+        await get.until(set())
+        assert get.status is None
         await get.close()
 
 
