@@ -425,10 +425,13 @@ class ClusterStore:
             lc.replacing.stop()
             lc.replacing = None
         if lc.synced_at is None or lc.run is None or link.dev_source:
-            # Nothing served yet (or a development source): nothing to keep serving.
+            # Nothing served yet, or a development source (which only adds what it
+            # reads): start again from an empty cache.
             if lc.run is not None:
                 lc.run.stop()
+            _empty(lc.cluster)
             lc.link = link
+            lc.synced_at = None
             lc.run = self._start(lc, link)
             return
         run = self._start(lc, link)
@@ -455,9 +458,7 @@ class ClusterStore:
                         gauge.remove(name)
         if not self.keep_on_unlink:
             # Its endpoints leave every stream and CLA now (docs/multicluster.md).
-            cluster = lc.cluster
-            cluster.apply(Event(EventType.DELETED, o) for kind in _CACHED_KINDS
-                          for o in cluster.objects(kind))
+            _empty(lc.cluster)
         log.info("cluster unlinked", cluster=name, source=lc.link.origin,
                  endpoints=("kept on open streams (linkerd-2.20)" if self.keep_on_unlink
                             else "removed"))
@@ -479,6 +480,11 @@ class ClusterStore:
 
 # Whatever a development source may fill a linked cluster's cache with.
 _CACHED_KINDS = (*REMOTE_KINDS, "Node", "Job", "ServiceProfile", "Namespace")
+
+
+def _empty(cluster: Cluster) -> None:
+    cluster.apply(Event(EventType.DELETED, o) for kind in _CACHED_KINDS
+                  for o in cluster.objects(kind))
 
 
 def _close(source: LinkSource) -> None:
