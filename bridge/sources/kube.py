@@ -65,6 +65,9 @@ class KindSpec:
     # Query parameters every list and watch carries (a label or field selector), for a
     # watch narrowed to what is needed; `path` may then be a namespaced one.
     params: tuple[tuple[str, str], ...] = ()
+    # For a kind only some deployments grant (linked clusters' Secrets): a denial is
+    # this one info line, not an error.
+    denied_hint: str = ""
 
 
 KINDS = {
@@ -118,7 +121,9 @@ def link_secrets(namespace: str) -> KindSpec:
     ever sent here (docs/multicluster.md)."""
     return KindSpec("Secret", f"/api/v1/namespaces/{namespace}/secrets", "secrets", "",
                     optional=True, params=(("fieldSelector",
-                                            f"type={REMOTE_KUBECONFIG_SECRET_TYPE}"),))
+                                            f"type={REMOTE_KUBECONFIG_SECRET_TYPE}"),),
+                    denied_hint="linked clusters' Secrets are not readable here: no cluster "
+                                "is linked by Secret (deploy/multicluster/ grants it)")
 
 
 class LagObserver(Protocol):
@@ -344,6 +349,9 @@ class KindWatcher:
                         if self.report is not None:
                             self.report("access_denied", f"{self.spec.kind}: HTTP {e.status}: "
                                                          f"{e.reason}")
+                        elif self.spec.denied_hint:
+                            log.info(self.spec.denied_hint, kind=self.spec.kind,
+                                     path=self.spec.path, status=e.status)
                         else:
                             log.error("access denied; other kinds keep working",
                                       kind=self.spec.kind, status=e.status, reason=e.reason)
