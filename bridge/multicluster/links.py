@@ -130,8 +130,11 @@ def link_credentials(link: Link) -> Credentials:
     try:
         loaded: Any = yaml.safe_load(link.kubeconfig)
     except yaml.YAMLError as e:
-        raise LinkError(link.origin, "bad_kubeconfig", f"kubeconfig does not parse: {e}",
-                        link.name) from None
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise LinkError(link.origin, "bad_kubeconfig",
+                        f"kubeconfig does not parse: {problem}{at}", link.name) from None
     if not isinstance(loaded, dict):
         raise LinkError(link.origin, "bad_kubeconfig", "kubeconfig is not a mapping",
                         link.name)

@@ -55,6 +55,7 @@ SYNCING, SYNCED, STALE = "syncing", "synced", "stale"
 UNREACHABLE, REFUSED, DENIED = "unreachable", "credentials_refused", "access_denied"
 STATES = (SYNCING, SYNCED, STALE, UNREACHABLE, REFUSED, DENIED)
 RECOVERED = "recovered"  # reported when the API answers again after failures
+MISSING = "missing"  # a CRD not installed there (Linkerd's Servers): not a failure
 
 
 class LinkSource(Protocol):
@@ -287,7 +288,6 @@ class ClusterStore:
                 self._bad_link(LinkError(origin, "duplicate", f"cluster {link.name} is "
                                          f"already linked by {other.origin}", link.name))
                 continue
-            self._reported.clear(origin)
             wanted[link.name] = link
         for subject in [s for s in self._reported.causes if s.startswith("Secret ")]:
             if subject not in seen_secrets:
@@ -387,6 +387,11 @@ class ClusterStore:
         """A linked cluster's watches failing: logged once per cause, counted."""
         lc = self.linked.get(cluster)
         if lc is None:
+            return
+        if category == MISSING:
+            if self._reported.first(f"{cluster} {detail}", MISSING):
+                log.info("linked cluster lacks a kind; served without it", cluster=cluster,
+                         reason=detail)
             return
         if category == RECOVERED:
             if self._reported.causes.get(cluster) not in (None, RECOVERED):

@@ -166,7 +166,8 @@ async def test_deleting_the_secret_unlinks_the_cluster_and_empties_its_cache(
     await linked_and_synced(s)
     lc = s.store.get("east")
     assert lc is not None
-    await eventually(lambda: len(lc.cluster.objects("Pod")) == 2, WAIT)
+    ns = s.local_objs.ns
+    await eventually(lambda: names(lc.cluster, "Pod", ns) == {"foo-0", "foo-1"}, WAIT)
     s.local_objs.delete_secret(s.controller_ns, secret)
     await eventually(lambda: s.store.get("east") is None, WAIT)
     assert s.sample("cluster_store_size") == 0
