@@ -86,7 +86,7 @@ class Objects:
             current = self.core.read_namespaced_service(name, self.ns)
             body["metadata"]["resourceVersion"] = current.metadata.resource_version
             body["spec"]["clusterIP"] = current.spec.cluster_ip
-            body["spec"]["clusterIPs"] = current.spec.cluster_i_ps
+            body["spec"]["clusterIPs"] = current.spec.cluster_ips
             self.core.replace_namespaced_service(name, self.ns, body)
 
     @staticmethod
