@@ -95,7 +95,8 @@ def http_listener(port: int, cluster: str) -> dict[str, Any]:
                 "@type": "type.googleapis.com/envoy.extensions.filters.network."
                          "http_connection_manager.v3.HttpConnectionManager",
                 "stat_prefix": f"outbound_{port}",
-                "route_config": {"virtual_hosts": [{
+                # The cluster comes over CDS after the bootstrap is read.
+                "route_config": {"validate_clusters": False, "virtual_hosts": [{
                     "name": "all", "domains": ["*"],
                     "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster}}]}]},
                 "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {

