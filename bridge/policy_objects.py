@@ -22,87 +22,26 @@ from typing import Any
 # which is enough: bridge.objects reads this module's names only when it decodes).
 from bridge import objects as _o
 from bridge.objects import Labels, Meta, ObjectError
+from bridge.routes.objects import (  # the route values, re-exported
+    GATEWAY_GROUP,
+    LINKERD_POLICY_GROUP,
+    ROUTE_DECODERS,
+    ROUTE_TOMBSTONES,
+    BackendRef,
+    GrpcMatch,
+    HttpMatch,
+    ParentRef,
+    Route,
+    RouteRule,
+    ValueMatch,
+)
 
-LINKERD_POLICY_GROUP = "policy.linkerd.io"
-GATEWAY_GROUP = "gateway.networking.k8s.io"
-
+__all__ = ["GATEWAY_GROUP", "LINKERD_POLICY_GROUP", "BackendRef", "GrpcMatch", "HttpMatch",
+           "ParentRef", "Route", "RouteRule", "ValueMatch"]
 
 # --------------------------------------------------------------------------- routes
-
-
-@dataclass(frozen=True, slots=True)
-class ParentRef:
-    """What a route attaches to; only kind Service (group core) matters to us."""
-
-    group: str
-    kind: str
-    name: str
-    namespace: str
-    port: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class BackendRef:
-    group: str
-    kind: str
-    name: str
-    namespace: str
-    port: int | None
-    weight: int
-
-
-@dataclass(frozen=True, slots=True)
-class ValueMatch:
-    """A header or query parameter condition."""
-
-    name: str
-    value: str
-    regex: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class HttpMatch:
-    # "Exact" | "PathPrefix" | "RegularExpression"
-    path_type: str = "PathPrefix"
-    path: str = "/"
-    headers: tuple[ValueMatch, ...] = ()
-    query_params: tuple[ValueMatch, ...] = ()
-    method: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class GrpcMatch:
-    service: str = ""
-    method: str = ""
-    headers: tuple[ValueMatch, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class RouteRule:
-    matches: tuple[HttpMatch | GrpcMatch, ...]
-    backends: tuple[BackendRef, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """An HTTPRoute (policy.linkerd.io or gateway.networking.k8s.io) or a GRPCRoute."""
-
-    meta: Meta
-    group: str
-    route_kind: str  # "HTTPRoute" | "GRPCRoute", as Linkerd names it in metadata
-    parents: tuple[ParentRef, ...]
-    hostnames: tuple[str, ...]
-    rules: tuple[RouteRule, ...]
-    created: str = ""  # metadata.creationTimestamp (RFC 3339 sorts as text)
-    kind: str = "HTTPRoute"
-
-    def attaches_to(self, namespace: str, service: str, port: int) -> bool:
-        return any(
-            p.kind == "Service" and p.group in ("", "core") and p.name == service
-            and p.namespace == namespace and p.port in (None, port)
-            for p in self.parents
-        )
-
+# The route kinds are decoded in bridge.routes.objects, with their filters, timeouts,
+# retries and problems; they are registered below with the other policy kinds.
 
 # --------------------------------------------------------------------------- authorization
 
@@ -186,99 +125,6 @@ def _ctx(raw: Mapping[str, Any], kind: str) -> tuple[Meta, str, Mapping[str, Any
     meta = _o._meta(raw, kind, True)
     n = f"{meta.namespace}/{meta.name}"
     return meta, n, _o._map(raw.get("spec"), kind, n, "spec")
-
-
-def _opt_port(raw: Any, kind: str, n: str, path: str) -> int | None:
-    return None if raw is None else _o._port(raw, kind, n, path)
-
-
-def _values(raw: Any, kind: str, n: str, path: str) -> tuple[ValueMatch, ...]:
-    out = []
-    for i, h in enumerate(_o._list(raw, kind, n, path)):
-        h = _o._map(h, kind, n, f"{path}[{i}]")
-        kind_of = _o._str(h.get("type"), kind, n, f"{path}[{i}].type", "Exact")
-        if kind_of not in ("Exact", "RegularExpression"):
-            raise ObjectError(kind, n, f"{path}[{i}].type {kind_of!r} is not supported")
-        out.append(ValueMatch(_o._str(h.get("name"), kind, n, f"{path}[{i}].name"),
-                              _o._str(h.get("value"), kind, n, f"{path}[{i}].value"),
-                              kind_of == "RegularExpression"))
-    return tuple(out)
-
-
-def _http_match(raw: Any, kind: str, n: str, path: str) -> HttpMatch:
-    m = _o._map(raw, kind, n, path)
-    p = _o._map(m.get("path"), kind, n, f"{path}.path")
-    path_type = _o._str(p.get("type"), kind, n, f"{path}.path.type", "PathPrefix")
-    if path_type not in ("Exact", "PathPrefix", "RegularExpression"):
-        raise ObjectError(kind, n, f"{path}.path.type {path_type!r} is not supported")
-    return HttpMatch(
-        path_type, _o._str(p.get("value"), kind, n, f"{path}.path.value", "/"),
-        _values(m.get("headers"), kind, n, f"{path}.headers"),
-        _values(m.get("queryParams"), kind, n, f"{path}.queryParams"),
-        _o._str(m.get("method"), kind, n, f"{path}.method"))
-
-
-def _grpc_match(raw: Any, kind: str, n: str, path: str) -> GrpcMatch:
-    m = _o._map(raw, kind, n, path)
-    method = _o._map(m.get("method"), kind, n, f"{path}.method")
-    return GrpcMatch(_o._str(method.get("service"), kind, n, f"{path}.method.service"),
-                     _o._str(method.get("method"), kind, n, f"{path}.method.method"),
-                     _values(m.get("headers"), kind, n, f"{path}.headers"))
-
-
-def _backend(raw: Any, kind: str, n: str, ns: str, path: str) -> BackendRef:
-    b = _o._map(raw, kind, n, path)
-    weight = b.get("weight", 1)
-    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 0:
-        raise ObjectError(kind, n, f"{path}.weight must be a whole number >= 0")
-    return BackendRef(
-        _o._str(b.get("group"), kind, n, f"{path}.group"),
-        _o._str(b.get("kind"), kind, n, f"{path}.kind", "Service"),
-        _o._str(b.get("name"), kind, n, f"{path}.name"),
-        _o._str(b.get("namespace"), kind, n, f"{path}.namespace") or ns,
-        _opt_port(b.get("port"), kind, n, f"{path}.port"), weight)
-
-
-def _route(raw: Mapping[str, Any], store_kind: str, group: str, route_kind: str) -> Route:
-    meta, n, spec = _ctx(raw, route_kind)
-    parents = []
-    for i, p in enumerate(_o._list(spec.get("parentRefs"), route_kind, n, "spec.parentRefs")):
-        p = _o._map(p, route_kind, n, f"spec.parentRefs[{i}]")
-        parents.append(ParentRef(
-            _o._str(p.get("group"), route_kind, n, f"spec.parentRefs[{i}].group",
-                    GATEWAY_GROUP),
-            _o._str(p.get("kind"), route_kind, n, f"spec.parentRefs[{i}].kind", "Gateway"),
-            _o._str(p.get("name"), route_kind, n, f"spec.parentRefs[{i}].name"),
-            _o._str(p.get("namespace"), route_kind, n, f"spec.parentRefs[{i}].namespace")
-            or meta.namespace,
-            _opt_port(p.get("port"), route_kind, n, f"spec.parentRefs[{i}].port")))
-    matcher = _grpc_match if route_kind == "GRPCRoute" else _http_match
-    rules = []
-    for i, r in enumerate(_o._list(spec.get("rules"), route_kind, n, "spec.rules")):
-        r = _o._map(r, route_kind, n, f"spec.rules[{i}]")
-        path = f"spec.rules[{i}]"
-        rules.append(RouteRule(
-            tuple(matcher(m, route_kind, n, f"{path}.matches[{j}]")
-                  for j, m in enumerate(_o._list(r.get("matches"), route_kind, n,
-                                                 f"{path}.matches"))),
-            tuple(_backend(b, route_kind, n, meta.namespace, f"{path}.backendRefs[{j}]")
-                  for j, b in enumerate(_o._list(r.get("backendRefs"), route_kind, n,
-                                                 f"{path}.backendRefs")))))
-    hostnames = tuple(_o._str(h, route_kind, n, "spec.hostnames")
-                      for h in _o._list(spec.get("hostnames"), route_kind, n, "spec.hostnames"))
-    md = _o._map(raw.get("metadata"), route_kind, n, "metadata")
-    created = md.get("creationTimestamp")
-    return Route(meta, group, route_kind, tuple(parents), hostnames, tuple(rules),
-                 str(created) if created else "", kind=store_kind)
-
-
-def _decode_http_route(raw: Mapping[str, Any]) -> Route:
-    # One kind name, two API groups: the apiVersion says which (list items from the
-    # API server carry none, so the kube source asks for "GatewayHTTPRoute" itself).
-    api_version = raw.get("apiVersion")
-    if isinstance(api_version, str) and api_version.startswith(GATEWAY_GROUP + "/"):
-        return _route(raw, "GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute")
-    return _route(raw, "HTTPRoute", LINKERD_POLICY_GROUP, "HTTPRoute")
 
 
 def _ref(raw: Any, kind: str, n: str, path: str, group: str = "") -> ObjectRef:
@@ -378,9 +224,7 @@ def _decode_network_authn(raw: Mapping[str, Any]) -> NetworkAuthentication:
 
 
 DECODERS: dict[str, Callable[[Mapping[str, Any]], PolicyObject]] = {
-    "HTTPRoute": _decode_http_route,
-    "GatewayHTTPRoute": lambda raw: _route(raw, "GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute"),
-    "GRPCRoute": lambda raw: _route(raw, "GRPCRoute", GATEWAY_GROUP, "GRPCRoute"),
+    **ROUTE_DECODERS,
     "AuthorizationPolicy": _decode_authorization_policy,
     "ServerAuthorization": _decode_server_authorization,
     "MeshTLSAuthentication": _decode_meshtls,
@@ -388,15 +232,9 @@ DECODERS: dict[str, Callable[[Mapping[str, Any]], PolicyObject]] = {
 }
 
 
-def _route_stub(kind: str, group: str, route_kind: str) -> Callable[[Meta], PolicyObject]:
-    return lambda meta: Route(meta, group, route_kind, (), (), (), kind=kind)
-
-
 # Key-only objects, for deleting what the cache holds when an object no longer decodes.
 TOMBSTONES: dict[str, Callable[[Meta], PolicyObject]] = {
-    "HTTPRoute": _route_stub("HTTPRoute", LINKERD_POLICY_GROUP, "HTTPRoute"),
-    "GatewayHTTPRoute": _route_stub("GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute"),
-    "GRPCRoute": _route_stub("GRPCRoute", GATEWAY_GROUP, "GRPCRoute"),
+    **ROUTE_TOMBSTONES,
     "AuthorizationPolicy": lambda m: AuthorizationPolicy(m, ObjectRef("", "", "", ""), ()),
     "ServerAuthorization": lambda m: ServerAuthorization(m, "", None, (), False, False, False,
                                                           (), ()),

@@ -32,6 +32,8 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "get": Command("linkerd_api.client", "print what a destination Get stream says about a target"),
     "profile": Command("linkerd_api.profile_client", "print a destination GetProfile stream"),
+    "policy": Command("linkerd_api.policy.client",
+                      "print what an OutboundPolicies Watch says about a target, as routes"),
     "xds": Command("xds_api.client", "print what an xDS (ADS) subscription receives"),
     "compare": Command("harness.compare.cli", "run a comparison scenario over both protocols"),
     "shadow": Command("harness.shadow.cli", "compare two control planes' answers continuously"),

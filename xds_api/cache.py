@@ -14,9 +14,11 @@ type's rules live in its own module under `xds_api/caches/`:
 * LEDS (`caches/leds.py`): each endpoint its own LbEndpoint resource, in one glob
   collection per locality of a delta client's CLA, from the same CLA assembly as
   EDS (`xds_api/assembly.py`), followed change by change.
-* LDS and RDS (`caches/listeners.py`, `caches/routes.py`): the proxyless Listener
-  and RouteConfiguration of every such service port, built on first request (their
-  content is a function of the name).
+* LDS (`caches/listeners.py`): the proxyless Listener of every such service port,
+  built on first request (its content is a function of the name).
+* RDS (`caches/routes.py`): the RouteConfiguration of every service port, from the
+  one route model (`bridge.routes`), per client kind (Envoy, proxyless gRPC) and
+  client namespace, each variant encoded once per route change.
 
 The mux owns what the types share: the server's version prefix, the index of service
 ports (`caches/ports.py`) and the one Cluster listener that keeps it, and tells each
@@ -30,6 +32,7 @@ from collections.abc import Iterable
 
 from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import ServiceKey
+from bridge.routes.index import route_index
 from bridge.views import View, ViewRegistry
 from xds_api import resource_types as rt
 from xds_api.caches.clusters import ClusterCache
@@ -78,7 +81,7 @@ class ResourceCache:
         self.leds = LedsCache(self.endpoints, views, cluster_domain, prefix, self.metrics)
         self.clusters = ClusterCache(prefix, self.metrics)
         self.listeners = ListenerCache(self.ports, prefix, self.metrics)
-        self.routes = RouteCache(self.ports, prefix, self.metrics)
+        self.routes = RouteCache(self.ports, route_index(cluster), prefix, self.metrics)
         # The one table that routes by type URL.
         self._types: dict[str, TypeCache] = {
             rt.CLUSTER: self.clusters, rt.ENDPOINT: self.endpoints,
@@ -92,6 +95,7 @@ class ResourceCache:
         if not self._closed:
             self._closed = True
             self.cluster.remove_listener(self._on_cluster_change)
+            self.routes.close()
 
     # ------------------------------------------------------------------ reading
 

@@ -36,9 +36,11 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.protobuf import any_pb2, json_format
 
 from bridge.authority import parse_target
+from bridge.routes.text import format_rows
 from meshbridge.client_tls import add_tls_arguments, aio_channel
 from xds_api import resource_types as rt
 from xds_api.resources import METADATA_NAMESPACE
+from xds_api.route_text import route_config_rows
 
 _MESSAGES: dict[str, Any] = {
     rt.CLUSTER: cluster_pb2.Cluster,
@@ -224,9 +226,9 @@ def _describe(msg: Any) -> list[str]:
         msg.api_listener.api_listener.Unpack(manager)
         return [f"api_listener, routes from RDS {manager.rds.route_config_name}"]
     if isinstance(msg, route_pb2.RouteConfiguration):
-        return [f"{vh.name}: {', '.join(vh.domains)} -> "
-                f"{', '.join(r.route.cluster for r in vh.routes)}"
-                for vh in msg.virtual_hosts]
+        # The route-table text `meshbridge policy` prints a Linkerd policy in.
+        domains = ", ".join(d for vh in msg.virtual_hosts for d in vh.domains)
+        return format_rows(f"routes ({domains}):", route_config_rows(msg))
     return ["(unknown resource type)"]
 
 

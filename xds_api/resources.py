@@ -22,7 +22,6 @@ from envoy.config.core.v3 import (
 )
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.listener.v3 import api_listener_pb2, listener_pb2
-from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
@@ -457,22 +456,6 @@ def build_listener(name: str) -> listener_pb2.Listener:
     listener = listener_pb2.Listener(name=name, api_listener=api_listener_pb2.ApiListener())
     listener.api_listener.api_listener.Pack(manager)
     return listener
-
-
-def build_route(name: str) -> route_pb2.RouteConfiguration:
-    """Every request on the name's channel goes to the cluster of the same name. The
-    listener exists for this one authority, so its one virtual host matches all."""
-    return route_pb2.RouteConfiguration(
-        name=name,
-        virtual_hosts=[route_components_pb2.VirtualHost(
-            name=name,
-            domains=["*"],
-            routes=[route_components_pb2.Route(
-                match=route_components_pb2.RouteMatch(prefix=""),
-                route=route_components_pb2.RouteAction(cluster=name),
-            )],
-        )],
-    )
 
 
 def encode_named(type_url: str, name: str, message: object) -> EncodedResource:

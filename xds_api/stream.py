@@ -22,8 +22,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from bridge.views import View
 from meshbridge.stream_registry import StreamInfo
+from xds_api import node_identity, wire
 from xds_api import resource_types as rt
-from xds_api import wire
 from xds_api.caches.type_cache import Reply, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.resources import EncodedResource
@@ -122,8 +122,8 @@ class XdsStream:
 
     # Thousands of these live at once; slots keep each one small.
     __slots__ = ("_closed", "_node_seen", "_nonce", "_unknown", "_wake", "ads", "cache",
-                 "info", "leds", "max_names", "metrics", "node_id", "node_name", "peer",
-                 "subs")
+                 "client", "info", "leds", "max_names", "metrics", "namespace", "node_id",
+                 "node_name", "peer", "subs")
     api = ""
     protocol = ""
 
@@ -152,6 +152,9 @@ class XdsStream:
         self.node_id = ""
         self.node_name = ""
         self.leds = ""  # the node's LEDS preference (§7)
+        # Which routes it is sent: its kind and namespace (xds_api.node_identity).
+        self.client = node_identity.ENVOY
+        self.namespace = ""
         self._node_seen = False
         self.subs: dict[str, Subscription] = {}
         self._nonce = 0
@@ -251,6 +254,8 @@ class XdsStream:
             leds = req.node.metadata.fields.get(LEDS_METADATA)
             if leds is not None and leds.string_value in (LEDS_ALWAYS, LEDS_NEVER):
                 self.leds = leds.string_value
+            self.client = node_identity.client_kind(req.node)
+            self.namespace = node_identity.client_namespace(req.node)
             if self.info is not None:
                 self.info.client = req.node.id
 
@@ -269,7 +274,7 @@ class XdsStream:
         if sub is None:
             sub = self.subs[type_url] = Subscription(
                 type_url, node_name=self.node_name, delta=self.api == "delta",
-                leds=self.leds)
+                leds=self.leds, client=self.client, namespace=self.namespace)
             return sub, True
         return sub, False
 

@@ -71,6 +71,11 @@ class Subscription:
     # the View of each EDS name exactly as a Linkerd context token's nodeName does.
     node_name: str = ""
     last_nack: str = ""
+    # Which routes the client is sent (Routes §1.2, xDS §3.8): its kind ("envoy" or
+    # "grpc", from the node's user agent) and its Kubernetes namespace (node metadata
+    # NAMESPACE, else Istio's node id).
+    client: str = "envoy"
+    namespace: str = ""
     # §2.1: a delta client is told that a deleted service's CLA no longer exists.
     delta: bool = False
     # §7: the client's LEDS preference (LEDS_ALWAYS, LEDS_NEVER or "": the threshold).

@@ -5,8 +5,8 @@ controller encodes them."""
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -15,8 +15,25 @@ from bridge.cluster import Cluster
 from bridge.enrich import OPAQUE_PORTS_ANNOTATION
 from bridge.model import MeshConfig, ServiceKey
 from bridge.objects import Service
-from bridge.policy_objects import BackendRef, GrpcMatch, HttpMatch, Route, RouteRule, ValueMatch
 from bridge.port_sets import PortSpecError, parse_port_set
+from bridge.routes.objects import (
+    GrpcMatch,
+    HeaderModifier,
+    HttpMatch,
+    Redirect,
+    Retry,
+    RetrySource,
+    ValueMatch,
+)
+from bridge.routes.resolve import PortRoutes
+from bridge.routes.table import (
+    ResolvedBackend,
+    ResolvedRoute,
+    ResolvedRule,
+    RouteRef,
+    RouteTable,
+    RouteType,
+)
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.proto import grpc_route_pb2 as grpc_route
 from linkerd_api.proto import http_route_pb2 as http_route
@@ -37,8 +54,7 @@ EWMA_DECAY_S = 10
 DEFAULT_CLUSTER_NETWORKS = ("10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12", "192.168.0.0/16")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-# Called once for each backend reference that names no Service (route, backend).
-MissingBackend = Callable[[Route, BackendRef], None]
+LINKERD_2_20 = "linkerd-2.20"  # --destination-semantics: Linkerd 2.20's answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,23 +250,11 @@ def app_protocol(svc: Service, port: int, config: MeshConfig) -> str:
     return "opaque" if port in opaque else ""
 
 
-def attached_routes(cluster: Cluster, target: ServiceTarget, source_ns: str,
-                    kinds: Iterable[str]) -> list[Route]:
-    """Routes attached to the Service port: the client namespace's own (consumer)
-    routes if it has any, else the Service namespace's (producer) ones, oldest first
-    (§12.4)."""
-    svc = target.service
-    routes = [r for kind in kinds for r in cluster.objects(kind)
-              if isinstance(r, Route) and r.attaches_to(svc.namespace, svc.name, target.port)]
-    consumer = [r for r in routes if r.meta.namespace == source_ns != svc.namespace]
-    chosen = consumer or [r for r in routes if r.meta.namespace == svc.namespace]
-    # Routes with a timestamp come before routes without; then by name.
-    return sorted(chosen, key=lambda r: (not r.created, r.created, r.meta.name))
-
-
 def service_policy(cluster: Cluster, config: MeshConfig, target: ServiceTarget,
-                   source_ns: str, missing: MissingBackend) -> ob.OutboundPolicy:
-    """The policy of a Service port (§12.4)."""
+                   routes: PortRoutes | None, source_ns: str,
+                   semantics: str = "proto") -> ob.OutboundPolicy:
+    """The policy of a Service port (§12.4), routed by the table its client namespace
+    reads (`routes`, from the one route model; None when no route is attached)."""
     if not target.declared:
         return undefined_port(target)
     key, port = target.service, target.port
@@ -263,16 +267,17 @@ def service_policy(cluster: Cluster, config: MeshConfig, target: ServiceTarget,
         return ob.OutboundPolicy(
             metadata=_service_meta(key, port),
             protocol=ob.ProxyProtocol(opaque=ob.ProxyProtocol.Opaque(routes=[opaque])))
-    grpc_routes = attached_routes(cluster, target, source_ns, ("GRPCRoute",))
-    http_routes = attached_routes(cluster, target, source_ns,
-                                  ("HTTPRoute", "GatewayHTTPRoute"))
-    convert = _RouteConverter(cluster, domain, backend, missing)
+    linkerd_2_20 = semantics == LINKERD_2_20
+    table = _table_for(routes, source_ns, linkerd_2_20)
+    convert = _RouteEncoder(domain, backend, linkerd_2_20)
     protocol: ob.ProxyProtocol
-    if grpc_routes and protocol_name != "http1":
+    if table is not None and table.route_type is RouteType.GRPC and protocol_name != "http1":
         protocol = ob.ProxyProtocol(grpc=ob.ProxyProtocol.Grpc(
-            routes=[convert.grpc(r) for r in grpc_routes]))
+            routes=[convert.grpc(r) for r in table.routes if convert.serves(r)]))
     else:
-        http = [convert.http(r) for r in http_routes] or [_default_http_route(backend)]
+        http = [] if table is None or table.route_type is not RouteType.HTTP else [
+            convert.http(r) for r in table.routes if convert.serves(r)]
+        http = http or [_default_http_route(backend)]
         if protocol_name == "http1":
             protocol = ob.ProxyProtocol(http1=ob.ProxyProtocol.Http1(routes=http))
         elif protocol_name == "http2":
@@ -280,6 +285,22 @@ def service_policy(cluster: Cluster, config: MeshConfig, target: ServiceTarget,
         else:
             protocol = _detect(opaque, http)
     return ob.OutboundPolicy(metadata=_service_meta(key, port), protocol=protocol)
+
+
+def _table_for(routes: PortRoutes | None, source_ns: str,
+               linkerd_2_20: bool) -> RouteTable | None:
+    """The client namespace's table. Linkerd 2.20 gives a consumer namespace the
+    producer's routes as well as its own (Routes §5.1); the spec, its own only."""
+    if routes is None:
+        return None
+    table = routes.table_for(source_ns)
+    if (linkerd_2_20 and table is not None and routes.producer is not None
+            and table is not routes.producer
+            and table.route_type is routes.producer.route_type):
+        merged = sorted((*routes.producer.routes, *table.routes),
+                        key=lambda r: (not r.created, r.created, r.ref.name))
+        return replace(table, routes=tuple(merged))
+    return table
 
 
 # --------------------------------------------------------------------------- routes
@@ -324,86 +345,204 @@ def _host_match(host: str) -> http_route.HostMatch:
     return http_route.HostMatch(exact=host)
 
 
-class _RouteConverter:
-    """Turns one route's rules into proto rules; a backend that names no Service is
-    served as a failure (HTTP 500 / gRPC code 500), as Linkerd does (§12.5)."""
+# The proxy's fixed retry settings under Linkerd 2.20 (Routes §5.3).
+RETRY_MAX_REQUEST_BYTES = 64 * 1024
+RETRY_MIN_BACKOFF_MS = 25
+RETRY_MAX_BACKOFF_MS = 250
+_GRPC_CONDITIONS = {"cancelled": "cancelled", "deadline-exceeded": "deadine_exceeded",
+                    "resource-exhausted": "resource_exhausted", "internal": "internal",
+                    "unavailable": "unavailable"}
 
-    def __init__(self, cluster: Cluster, domain: str, default: ob.Backend,
-                 missing: MissingBackend) -> None:
-        self.cluster = cluster
+
+def _headers(pairs: tuple[tuple[str, str], ...]) -> http_types.Headers:
+    return http_types.Headers(headers=[http_types.Headers.Header(name=n, value=v.encode())
+                                       for n, v in pairs])
+
+
+def _request_headers(mod: HeaderModifier) -> http_route.RequestHeaderModifier:
+    return http_route.RequestHeaderModifier(add=_headers(mod.add), set=_headers(mod.set),
+                                            remove=list(mod.remove))
+
+
+def _response_headers(mod: HeaderModifier) -> http_route.ResponseHeaderModifier:
+    return http_route.ResponseHeaderModifier(add=_headers(mod.add), set=_headers(mod.set),
+                                             remove=list(mod.remove))
+
+
+def _redirect(r: Redirect) -> http_route.RequestRedirect:
+    out = http_route.RequestRedirect(host=r.hostname, port=r.port or 0, status=r.status)
+    if r.scheme:
+        scheme = r.scheme.upper()
+        if scheme in http_types.Scheme.Registered.keys():  # noqa: SIM118 - an EnumTypeWrapper
+            out.scheme.registered = http_types.Scheme.Registered.Value(scheme)  # type: ignore[assignment]
+        else:
+            out.scheme.unregistered = r.scheme
+    if r.path is not None:
+        if r.path.kind == "ReplaceFullPath":
+            out.path.full = r.path.value
+        else:
+            out.path.prefix = r.path.value
+    return out
+
+
+def _timeouts(rule: ResolvedRule, linkerd_2_20: bool) -> http_route.Timeouts:
+    t = rule.timeouts
+    out = http_route.Timeouts()
+    request = t.request
+    if not linkerd_2_20 and t.backend_request and rule.retry is None:
+        # Routes §3.3: one attempt, so its bound is the request's too.
+        request = min(request, t.backend_request) if request else t.backend_request
+    for field_name, ms in (("request", request), ("response", t.response),
+                           ("idle", t.idle)):
+        if ms:
+            getattr(out, field_name).CopyFrom(_millis(ms))
+    return out
+
+
+class _RouteEncoder:
+    """Turns resolved routes into the proxy's routes (§12.5). A backend that cannot be
+    served keeps its weight and carries a failure filter (HTTP 500, gRPC code 500);
+    a rule that cannot be served at all answers every request so."""
+
+    def __init__(self, domain: str, default: ob.Backend, linkerd_2_20: bool) -> None:
         self.domain = domain
         self.default = default
-        self.missing = missing
+        self.linkerd_2_20 = linkerd_2_20
 
-    def _route_meta(self, route: Route) -> meta.Metadata:
+    def serves(self, route: ResolvedRoute) -> bool:
+        # Routes §5.2: Linkerd 2.20 leaves out a route it cannot convert whole (a
+        # URLRewrite, a RequestMirror, a filter it does not know).
+        if not self.linkerd_2_20:
+            return True
+        return not route.linkerd_2_20_drops and not any(
+            r.failure for r in route.rules)
+
+    def _route_meta(self, ref: RouteRef) -> meta.Metadata:
         return meta.Metadata(resource=meta.Resource(
-            group=route.group, kind=route.route_kind, namespace=route.meta.namespace,
-            name=route.meta.name))
+            group=ref.group, kind=ref.route_kind, namespace=ref.namespace, name=ref.name))
 
-    def _backend(self, route: Route, ref: BackendRef) -> tuple[ob.Backend, str | None]:
-        """The proto backend and, for an unusable one, the failure message."""
-        if ref.kind != "Service" or ref.group not in ("", "core"):
-            return (ob.Backend(metadata=meta.Metadata(default="invalid"), queue=_queue()),
-                    f"unsupported backend type {ref.group or 'core'} {ref.kind}")
-        if ref.port is None:
-            return (ob.Backend(metadata=meta.Metadata(default="invalid"), queue=_queue()),
-                    f"missing port for backend Service {ref.name}")
-        key = ServiceKey(ref.namespace, ref.name)
-        md = _service_meta(key, ref.port)
-        if key not in self.cluster.services:
-            self.missing(route, ref)
-            return ob.Backend(metadata=md, queue=_queue()), f"Service not found {ref.name}"
-        return _balancer(md, format_authority(key, ref.port, self.domain)), None
+    def _hosts(self, route: ResolvedRoute) -> list[http_route.HostMatch]:
+        # Routes §1.1: a mesh route's hostnames are not matched; Linkerd 2.20 does.
+        return [_host_match(h) for h in route.hostnames] if self.linkerd_2_20 else []
 
-    def http(self, route: Route) -> ob.HttpRoute:
-        rules = []
-        for rule in route.rules:
-            rules.append(ob.HttpRoute.Rule(
-                matches=[http_match(m) for m in rule.matches if isinstance(m, HttpMatch)],
-                backends=self._http_distribution(route, rule),
-                timeouts=http_route.Timeouts()))
-        return ob.HttpRoute(metadata=self._route_meta(route),
-                            hosts=[_host_match(h) for h in route.hostnames], rules=rules)
+    def _backend(self, b: ResolvedBackend) -> ob.Backend:
+        if b.service is None or b.ref.port is None:
+            return ob.Backend(metadata=meta.Metadata(default="invalid"), queue=_queue())
+        md = _service_meta(b.service, b.ref.port)
+        if not b.usable:
+            return ob.Backend(metadata=md, queue=_queue())
+        return _balancer(md, format_authority(b.service, b.port, self.domain))
 
-    def _http_distribution(self, route: Route, rule: RouteRule) -> ob.HttpRoute.Distribution:
-        if not rule.backends:
-            return ob.HttpRoute.Distribution(
-                first_available=ob.HttpRoute.Distribution.FirstAvailable(
-                    backends=[ob.HttpRoute.RouteBackend(backend=self.default)]))
+    def _failed(self) -> ob.Backend:
+        return ob.Backend(metadata=meta.Metadata(default="invalid"), queue=_queue())
+
+    def _retry_backoff(self, ms: int | None) -> ob.ExponentialBackoff:
+        low = RETRY_MIN_BACKOFF_MS if self.linkerd_2_20 or not ms else ms
+        high = RETRY_MAX_BACKOFF_MS if self.linkerd_2_20 or not ms else 10 * ms
+        return ob.ExponentialBackoff(min_backoff=_millis(low), max_backoff=_millis(high),
+                                     jitter_ratio=1.0)
+
+    def _retry_of(self, rule: ResolvedRule) -> Retry | None:
+        retry = rule.retry
+        if retry is None or (self.linkerd_2_20 and retry.source is RetrySource.GATEWAY):
+            return None  # Routes §5.3: 2.20 reads only the annotations
+        return retry
+
+    def _per_try(self, rule: ResolvedRule, retry: Retry) -> int | None:
+        if retry.timeout_ms or self.linkerd_2_20:
+            return retry.timeout_ms
+        return rule.timeouts.backend_request
+
+    # ------------------------------------------------------------------ HTTP
+
+    def http(self, route: ResolvedRoute) -> ob.HttpRoute:
+        return ob.HttpRoute(metadata=self._route_meta(route.ref), hosts=self._hosts(route),
+                            rules=[self._http_rule(r) for r in route.rules])
+
+    def _http_rule(self, rule: ResolvedRule) -> ob.HttpRoute.Rule:
+        out = ob.HttpRoute.Rule(
+            matches=[http_match(m) for m in rule.matches if isinstance(m, HttpMatch)],
+            backends=self._http_distribution(rule), timeouts=_timeouts(rule, self.linkerd_2_20))
+        spec = rule.rule
+        if spec.request_headers is not None:
+            out.filters.add(request_header_modifier=_request_headers(spec.request_headers))
+        if spec.response_headers is not None:
+            out.filters.add(response_header_modifier=_response_headers(spec.response_headers))
+        if spec.redirect is not None:
+            out.filters.add(redirect=_redirect(spec.redirect))
+        retry = self._retry_of(rule)
+        if retry is not None:
+            out.retry.CopyFrom(ob.HttpRoute.Retry(
+                max_retries=retry.limit, max_request_bytes=RETRY_MAX_REQUEST_BYTES,
+                conditions=ob.HttpRoute.Retry.Conditions(status_ranges=[
+                    ob.HttpRoute.Retry.Conditions.StatusRange(start=a, end=b)
+                    for a, b in retry.http_statuses]),
+                backoff=self._retry_backoff(retry.backoff_ms)))
+            per_try = self._per_try(rule, retry)
+            if per_try:
+                out.retry.timeout.CopyFrom(_millis(per_try))
+        return out
+
+    def _http_distribution(self, rule: ResolvedRule) -> ob.HttpRoute.Distribution:
+        D = ob.HttpRoute.Distribution
+        if rule.failure:
+            return D(first_available=D.FirstAvailable(backends=[ob.HttpRoute.RouteBackend(
+                backend=self._failed(), filters=[ob.HttpRoute.Filter(
+                    failure_injector=http_route.HttpFailureInjector(
+                        status=500, message=rule.failure))])]))
+        if rule.to_parent or not rule.backends:
+            return D(first_available=D.FirstAvailable(
+                backends=[ob.HttpRoute.RouteBackend(backend=self.default)]))
         out = []
-        for ref in rule.backends:
-            backend, failure = self._backend(route, ref)
-            rb = ob.HttpRoute.RouteBackend(backend=backend)
-            if failure is not None:
+        for b in rule.backends:
+            rb = ob.HttpRoute.RouteBackend(backend=self._backend(b))
+            if not b.usable:
                 rb.filters.append(ob.HttpRoute.Filter(
                     failure_injector=http_route.HttpFailureInjector(status=500,
-                                                                    message=failure)))
-            out.append(ob.HttpRoute.WeightedRouteBackend(backend=rb, weight=ref.weight))
-        return ob.HttpRoute.Distribution(
-            random_available=ob.HttpRoute.Distribution.RandomAvailable(backends=out))
+                                                                    message=b.failure)))
+            out.append(ob.HttpRoute.WeightedRouteBackend(backend=rb, weight=b.weight))
+        return D(random_available=D.RandomAvailable(backends=out))
 
-    def grpc(self, route: Route) -> ob.GrpcRoute:
-        rules = []
-        for rule in route.rules:
-            rules.append(ob.GrpcRoute.Rule(
-                matches=[grpc_match(m) for m in rule.matches if isinstance(m, GrpcMatch)],
-                backends=self._grpc_distribution(route, rule),
-                timeouts=http_route.Timeouts()))
-        return ob.GrpcRoute(metadata=self._route_meta(route),
-                            hosts=[_host_match(h) for h in route.hostnames], rules=rules)
+    # ------------------------------------------------------------------ gRPC
 
-    def _grpc_distribution(self, route: Route, rule: RouteRule) -> ob.GrpcRoute.Distribution:
-        if not rule.backends:
-            return ob.GrpcRoute.Distribution(
-                first_available=ob.GrpcRoute.Distribution.FirstAvailable(
-                    backends=[ob.GrpcRoute.RouteBackend(backend=self.default)]))
+    def grpc(self, route: ResolvedRoute) -> ob.GrpcRoute:
+        return ob.GrpcRoute(metadata=self._route_meta(route.ref), hosts=self._hosts(route),
+                            rules=[self._grpc_rule(r) for r in route.rules])
+
+    def _grpc_rule(self, rule: ResolvedRule) -> ob.GrpcRoute.Rule:
+        out = ob.GrpcRoute.Rule(
+            matches=[grpc_match(m) for m in rule.matches if isinstance(m, GrpcMatch)],
+            backends=self._grpc_distribution(rule),
+            timeouts=_timeouts(rule, self.linkerd_2_20))
+        if rule.rule.request_headers is not None:
+            out.filters.add(request_header_modifier=_request_headers(rule.rule.request_headers))
+        retry = self._retry_of(rule)
+        if retry is not None and retry.grpc_codes:
+            conditions = ob.GrpcRoute.Retry.Conditions(
+                **{_GRPC_CONDITIONS[c]: True for c in retry.grpc_codes})
+            out.retry.CopyFrom(ob.GrpcRoute.Retry(
+                max_retries=retry.limit, max_request_bytes=RETRY_MAX_REQUEST_BYTES,
+                conditions=conditions, backoff=self._retry_backoff(retry.backoff_ms)))
+            if retry.timeout_ms:
+                out.retry.timeout.CopyFrom(_millis(retry.timeout_ms))
+        return out
+
+    def _grpc_distribution(self, rule: ResolvedRule) -> ob.GrpcRoute.Distribution:
+        D = ob.GrpcRoute.Distribution
+        if rule.failure:
+            return D(first_available=D.FirstAvailable(backends=[ob.GrpcRoute.RouteBackend(
+                backend=self._failed(), filters=[ob.GrpcRoute.Filter(
+                    failure_injector=grpc_route.GrpcFailureInjector(
+                        code=500, message=rule.failure))])]))
+        if rule.to_parent or not rule.backends:
+            return D(first_available=D.FirstAvailable(
+                backends=[ob.GrpcRoute.RouteBackend(backend=self.default)]))
         out = []
-        for ref in rule.backends:
-            backend, failure = self._backend(route, ref)
-            rb = ob.GrpcRoute.RouteBackend(backend=backend)
-            if failure is not None:
+        for b in rule.backends:
+            rb = ob.GrpcRoute.RouteBackend(backend=self._backend(b))
+            if not b.usable:
                 rb.filters.append(ob.GrpcRoute.Filter(
-                    failure_injector=grpc_route.GrpcFailureInjector(code=500, message=failure)))
-            out.append(ob.GrpcRoute.WeightedRouteBackend(backend=rb, weight=ref.weight))
-        return ob.GrpcRoute.Distribution(
-            random_available=ob.GrpcRoute.Distribution.RandomAvailable(backends=out))
+                    failure_injector=grpc_route.GrpcFailureInjector(code=500,
+                                                                    message=b.failure)))
+            out.append(ob.GrpcRoute.WeightedRouteBackend(backend=rb, weight=b.weight))
+        return D(random_available=D.RandomAvailable(backends=out))

@@ -26,7 +26,8 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 
 from bridge.cluster import ClusterChange, ListenerStage
-from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS, BackendRef, Route
+from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS
+from bridge.routes.index import route_index
 from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import DEFAULT_CLUSTER_NETWORKS, Network, UnknownTarget
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
@@ -116,7 +117,10 @@ def options_from_args(args: argparse.Namespace) -> PolicyOptions:
 
 
 def register(host: Host, server: grpc.aio.Server) -> None:
-    service = PolicyService(host, host.options_for(PolicyOptions))
+    from linkerd_api.service import LinkerdOptions
+
+    service = PolicyService(host, host.options_for(PolicyOptions),
+                            host.options_for(LinkerdOptions).semantics)
     server.add_generic_rpc_handlers(service.handlers())
     host.on_stop(service.stop)
     host.keep("policy", service)
@@ -161,11 +165,17 @@ class PolicyStream:
 
 
 class PolicyService:
-    def __init__(self, host: Host, options: PolicyOptions) -> None:
+    def __init__(self, host: Host, options: PolicyOptions, semantics: str = "proto") -> None:
         self.host = host
         self.cluster = host.cluster
         self.config = host.config
         self.options = options
+        self.semantics = semantics
+        self.routes = route_index(host.cluster)
+        # One encoding per (target, client namespace) per cluster change, whatever the
+        # number of streams watching it; emptied whenever the cluster changes.
+        self._encoded: dict[tuple[outbound.ServiceTarget, str], bytes] = {}
+        self.encodings = 0  # policies encoded (tests and benchmarks read it)
         self.settings = inbound.InboundSettings(options.default_inbound_policy,
                                                 options.networks, options.probes)
         self.streams: set[PolicyStream] = set()
@@ -202,6 +212,7 @@ class PolicyService:
             self.cluster.remove_listener(self._on_change)
 
     def _on_change(self, change: ClusterChange) -> None:
+        self._encoded.clear()
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
@@ -243,11 +254,10 @@ class PolicyService:
             message = outbound.egress_fallback(target.ip, target.port).SerializeToString()
             return (lambda: message), (lambda change: False)
         service_target = target
+        client_ns = source.namespace
 
         def compute() -> bytes:
-            return outbound.service_policy(self.cluster, self.config, service_target,
-                                           source.namespace, self._missing_backend,
-                                           ).SerializeToString()
+            return self._service_policy(service_target, client_ns)
 
         def wants(change: ClusterChange) -> bool:
             # Any Service: a route's backend may be another Service appearing or going.
@@ -257,15 +267,19 @@ class PolicyService:
         compute()  # a Service that vanished between lookup and now is still served
         return compute, wants
 
-    def _missing_backend(self, route: Route, ref: BackendRef) -> None:
-        key = ("missing-backend", route.kind, route.meta.namespace, route.meta.name,
-               ref.namespace, ref.name, str(ref.port))
-        if key in self.noted:
-            return
-        self.noted.add(key)
-        log.warning("route backend names no Service; its requests fail with a 500 filter",
-                    route=f"{route.route_kind} {route.meta.namespace}/{route.meta.name}",
-                    group=route.group, backend=f"{ref.namespace}/{ref.name}:{ref.port}")
+    def _service_policy(self, target: outbound.ServiceTarget, client_ns: str) -> bytes:
+        """The encoded policy, shared by every stream of the same target whose client
+        namespace reads the same route table (Routes §1.2)."""
+        routes = self.routes.port(target.service, target.port)
+        group = client_ns if routes is not None and client_ns in routes.consumers else ""
+        memo_key = (target, group)
+        encoded = self._encoded.get(memo_key)
+        if encoded is None:
+            encoded = outbound.service_policy(self.cluster, self.config, target, routes,
+                                              client_ns, self.semantics).SerializeToString()
+            self._encoded[memo_key] = encoded
+            self.encodings += 1
+        return encoded
 
     async def get(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         try:

@@ -248,7 +248,9 @@ async def test_the_xds_command_prints_what_arrives(demo_dir: Path,
     assert code == 0 and "routes from RDS " + WEB in out
     code, out, _ = await cli("--type", "rds", "--count", "1", "--json", WEB)
     route = json.loads(out)["resources"][0]["resource"]
-    assert route["virtual_hosts"][0]["routes"][0]["route"]["cluster"] == WEB
+    clusters = route["virtual_hosts"][0]["routes"][0]["route"]["weighted_clusters"]["clusters"]
+    assert [(c["name"], c["weight"]) for c in clusters] == [
+        (WEB, 90), (WEB.replace("web.", "web-canary."), 10)]  # the demo's canary route
     code, _, err = await cli("--type", "rds")
     assert code == 2 and "needs at least one NAME" in err
 

@@ -26,6 +26,7 @@ CODE_SUFFIXES = (".py", ".proto")
 TAGS: dict[str, tuple[str, str]] = {
     "xDS": ("xds.md", "s"),
     "Linkerd": ("linkerd-destination.md", "s"),
+    "Routes": ("routes.md", "s"),
     "RFC 9113": ("http2.md", "rfc9113-"),
     "RFC 7541": ("http2.md", "rfc7541-"),
     "RFC 9110": ("http2.md", "rfc9110-"),
@@ -33,7 +34,8 @@ TAGS: dict[str, tuple[str, str]] = {
 # A bare `§` in these folders means this tag.
 FOLDER_DEFAULTS = {"xds_api": "xDS", "linkerd_api": "Linkerd", "h2grpc": "RFC 9113"}
 # A bare `§` inside a protocol document means that document.
-SELF_TAG = {"xds.md": "xDS", "linkerd-destination.md": "Linkerd", "http2.md": "RFC 9113"}
+SELF_TAG = {"xds.md": "xDS", "linkerd-destination.md": "Linkerd", "http2.md": "RFC 9113",
+            "routes.md": "Routes"}
 
 NUMBER = r"\d+(?:\.\d+)*"
 REFERENCE = re.compile(rf"§\s*({NUMBER})(?:\s*[-\u2013]\s*({NUMBER}))?")

@@ -14,7 +14,7 @@ import pytest
 from bridge.cluster import Cluster
 from bridge.model import MeshConfig, ServiceKey
 from bridge.objects import ObjectError, decode_object, tombstone
-from bridge.policy_objects import BackendRef, Route
+from bridge.routes.index import route_index
 from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import ServiceTarget, UnknownTarget
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
@@ -45,14 +45,11 @@ def route(name: str, *rules: dict[str, Any], ns: str = "app", parent: str = "web
 
 
 def policy(cluster: Cluster, source_ns: str = "app", port: int = 80,
-           missing: list[str] | None = None) -> ob.OutboundPolicy:
-    def note(r: Route, ref: BackendRef) -> None:
-        if missing is not None:
-            missing.append(f"{r.meta.name}->{ref.name}")
-
-    return outbound.service_policy(cluster, CONFIG, ServiceTarget(ServiceKey("app", "web"),
-                                                                  port, True),
-                                   source_ns, note)
+           semantics: str = "proto") -> ob.OutboundPolicy:
+    web = ServiceKey("app", "web")
+    return outbound.service_policy(cluster, CONFIG, ServiceTarget(web, port, True),
+                                   route_index(cluster).port(web, port), source_ns,
+                                   semantics)
 
 
 @pytest.fixture
@@ -71,7 +68,7 @@ def test_a_cluster_ip_names_its_service_port_and_an_undeclared_port_is_refused(
         ServiceKey("app", "web"), 80, True)
     undeclared = outbound.lookup_addr(cluster, "10.96.0.10", 81, NETS)
     assert isinstance(undeclared, ServiceTarget) and not undeclared.declared
-    p = outbound.service_policy(cluster, CONFIG, undeclared, "app", lambda r, b: None)
+    p = outbound.service_policy(cluster, CONFIG, undeclared, None, "app")
     (opaq,) = p.protocol.opaque.routes
     assert opaq.metadata.default == "undefined-port"
     assert opaq.rules[0].filters[0].WhichOneof("kind") == "forbidden"
@@ -160,14 +157,16 @@ def test_unusable_backends_get_a_failure_filter_and_are_reported(cluster: Cluste
     load(cluster, route("broken", {"backendRefs": [
         {"name": "gone", "port": 80}, {"name": "web-v2"},
         {"kind": "Bucket", "group": "example.com", "name": "b"}]}))
-    missing: list[str] = []
-    (rule,) = policy(cluster, missing=missing).protocol.detect.http1.routes[0].rules
+    (rule,) = policy(cluster).protocol.detect.http1.routes[0].rules
     messages = [b.backend.filters[0].failure_injector for b in
                 rule.backends.random_available.backends]
     assert [(f.status, f.message) for f in messages] == [
         (500, "Service not found gone"), (500, "missing port for backend Service web-v2"),
         (500, "unsupported backend type example.com Bucket")]
-    assert missing == ["broken->gone"]
+    table = route_index(cluster).table(ServiceKey("app", "web"), 80, "app")
+    assert table is not None
+    (problem,) = [p for p in table.problems if p.problem.reason == "BackendNotFound"]
+    assert problem.route.name == "broken"
 
 
 def test_routes_for_other_ports_or_services_do_not_apply(cluster: Cluster) -> None:
@@ -397,7 +396,7 @@ def test_bad_workloads(text: str) -> None:
     {"kind": "HTTPRoute", "metadata": {"name": "r", "namespace": "a"},
      "spec": {"rules": [{"backendRefs": [{"name": "x", "weight": -1}]}]}},
     {"kind": "HTTPRoute", "metadata": {"name": "r", "namespace": "a"},
-     "spec": {"rules": [{"matches": [{"path": {"type": "Glob"}}]}]}},
+     "spec": {"rules": [{"matches": ["not a match"]}]}},
 ])
 def test_unusable_policy_objects_are_refused_naming_the_object(raw: dict[str, Any]) -> None:
     with pytest.raises(ObjectError) as e:

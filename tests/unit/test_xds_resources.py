@@ -30,6 +30,7 @@ from bridge.objects import ServicePort
 from tests.unit.xds_support import CDS, EDS, World, name, unpack
 from xds_api import resources
 from xds_api.names import expand_short_name, parse_resource_name
+from xds_api.route_config import build_default_route
 
 HEALTHY = health_check_pb2.HealthStatus.HEALTHY
 DRAINING = health_check_pb2.HealthStatus.DRAINING
@@ -175,7 +176,7 @@ def test_proxyless_listener_and_route_lead_to_the_cluster_of_the_same_name() -> 
     assert manager.rds.route_config_name == n and manager.rds.config_source.HasField("ads")
     assert [f.name for f in manager.http_filters] == ["envoy.filters.http.router"]
     assert manager.http_filters[-1].typed_config.Is(router_pb2.Router.DESCRIPTOR)
-    route = resources.build_route(n)
+    route = build_default_route(n)
     assert route.name == n
     [vhost] = route.virtual_hosts
     assert list(vhost.domains) == ["*"]

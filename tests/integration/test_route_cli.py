@@ -1,0 +1,49 @@
+"""`meshbridge policy NAME` and `meshbridge xds NAME --type rds` print one port's routes
+in one format, so that what a Linkerd proxy and what an Envoy is told read alike
+(the demo's canary route, served by a real meshbridge)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from meshbridge.app import App
+from tests.conftest import AppFactory
+
+CANARY_ROW = ("1. prefix / -> web.emojivoto.svc.cluster.local:80 90, "
+              "web-canary.emojivoto.svc.cluster.local:80 10  (HTTPRoute emojivoto/web-canary "
+              "rule 0)")
+
+
+async def cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "meshbridge.cli", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_policy_and_rds_print_the_same_route_table(demo_dir: Path,
+                                                         make_app: AppFactory) -> None:
+    app: App = await make_app(demo_dir)
+    server = f"127.0.0.1:{app.grpc_port}"
+    code, policy, err = await cli("policy", "web.emojivoto:80", "--server", server,
+                                  "--count", "1", "--timeout", "20")
+    assert code == 0, err
+    assert policy.splitlines()[0] == (
+        "policy web.emojivoto.svc.cluster.local:80 (detect (http1, http2)):")
+    assert CANARY_ROW in policy
+    for client in ("envoy", "grpc"):
+        code, rds, err = await cli("xds", "web.emojivoto:80", "--type", "rds", "--server",
+                                   server, "--count", "1", "--timeout", "20",
+                                   "--node-metadata", f"meshbridge.io/client={client}")
+        assert code == 0, err
+        assert CANARY_ROW in rds
+    # A ClusterIP names the same port; a port without routes shows the default route.
+    code, by_ip, _ = await cli("policy", "10.96.10.10:80", "--server", server, "--count", "1")
+    assert code == 0 and CANARY_ROW in by_ip
+    code, plain, _ = await cli("policy", "catalog.shop:80", "--server", server,
+                               "--count", "1")
+    assert code == 0 and "1. prefix / -> catalog.shop.svc.cluster.local:80" in plain
