@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -147,7 +148,10 @@ class ClusterStore:
                  make_kube_source: KubeSourceFactory | None = None) -> None:
         self.local = local
         self.namespace = namespace
-        self.registry = registry
+        # Held weakly: the store is reachable from the local Cluster (its listener),
+        # and what outlives a Cluster must not keep a stopped process's registry, and
+        # with it every collector's server and layer, alive.
+        self._registry = weakref.ref(registry) if registry is not None else None
         self.sync_timeout = sync_timeout
         self.keep_on_unlink = keep_on_unlink
         self.flag_links = {link.name: link for link in flag_links}
@@ -174,6 +178,10 @@ class ClusterStore:
             registry.register(_StoreCollector(self))
 
     # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def registry(self) -> prometheus_client.CollectorRegistry | None:
+        return self._registry() if self._registry is not None else None
 
     def start(self) -> None:
         """Link the flags' clusters and follow the local cluster from now on (on the
@@ -343,9 +351,10 @@ class ClusterStore:
         return source
 
     def _lag_of(self, cluster: str, spec: KindSpec) -> LagObserver | None:
-        if self.registry is None or self._lag is None:
+        registry = self.registry
+        if registry is None or self._lag is None:
             return None
-        return _Observers(lag_histogram(self.registry, spec), self._lag.labels(cluster))
+        return _Observers(lag_histogram(registry, spec), self._lag.labels(cluster))
 
     async def _run_source(self, lc: LinkedCluster, link: Link, source: LinkSource,
                           synced: asyncio.Event) -> None:
@@ -455,9 +464,10 @@ class ClusterStore:
             if run is not None:
                 run.stop()
         self._reported.clear(name)
-        if self.registry is not None:
+        registry = self.registry
+        if registry is not None:
             for kind in REMOTE_KINDS:
-                gauge = cache_size_gauge(self.registry, KINDS[kind])
+                gauge = cache_size_gauge(registry, KINDS[kind])
                 if gauge is not None:
                     with contextlib.suppress(KeyError):
                         gauge.remove(name)
@@ -470,10 +480,11 @@ class ClusterStore:
         self._notify(name, None)
 
     def _cache_gauges(self, lc: LinkedCluster) -> None:
-        if self.registry is None:
+        registry = self.registry
+        if registry is None:
             return
         for kind in REMOTE_KINDS:
-            gauge = cache_size_gauge(self.registry, KINDS[kind])
+            gauge = cache_size_gauge(registry, KINDS[kind])
             if gauge is not None:
                 gauge.labels(lc.name).set_function(
                     functools.partial(_count, lc.cluster, kind))
