@@ -184,8 +184,15 @@ async def test_a_bad_secret_is_logged_once_counted_and_affects_nothing_else(
         s.local_objs.link_secret(s.controller_ns, "west", remote_apiserver,
                                  kubeconfig=b"{this is not: a kubeconfig")
         s.local_objs.link_secret(s.controller_ns, "north", remote_apiserver)
+        # Credentials the linked API server refuses: linked, not synced, retried.
+        refused = remote_apiserver.kubeconfig_path.read_bytes().replace(
+            remote_apiserver.token.encode(), b"not-a-valid-token")
+        s.local_objs.link_secret(s.controller_ns, "refused", remote_apiserver,
+                                 kubeconfig=refused)
         await eventually(lambda: (lc := s.store.get("north")) is not None
                          and lc.state == "synced", WAIT)
+        await eventually(lambda: (lc := s.store.get("refused")) is not None
+                         and lc.state == "credentials_refused" and lc.failures >= 2, WAIT)
         # Another Secret event: the bad ones are looked at again, and not logged again.
         s.local_objs.link_secret(s.controller_ns, "south", remote_apiserver)
         await eventually(lambda: s.store.get("south") is not None, WAIT)
@@ -200,7 +207,10 @@ async def test_a_bad_secret_is_logged_once_counted_and_affects_nothing_else(
                     reason="missing_annotation") == 1
     assert s.sample("meshbridge_cluster_link_errors_total", cluster="west",
                     reason="bad_kubeconfig") == 1
-    assert s.sample("cluster_store_size") == 2
+    assert s.sample("meshbridge_cluster_link_errors_total", cluster="refused",
+                    reason="credentials_refused") == 1
+    assert len([e for e in logs if "refused the credentials" in e["event"]]) == 1
+    assert s.sample("cluster_store_size") == 3  # north, south, and refused (not synced)
 
 
 async def test_an_unreachable_cluster_holds_ready_only_until_the_timeout_then_syncs(

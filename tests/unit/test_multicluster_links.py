@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import structlog
 
 from bridge.model import ServiceKey
 from bridge.multicluster.demand import Demand
@@ -186,6 +187,18 @@ def test_demand_follows_the_local_services_that_name_linked_clusters() -> None:
     assert demand.update(services, [ServiceKey("ns", "foo-east")]) == set()
     assert demand.of("east") == {ServiceKey("ns", "foo"), ServiceKey("ns", "bar")}
     assert demand.remove_extra("east", [ServiceKey("ns", "foo")]) is True
+    assert demand.of("east") == {ServiceKey("ns", "bar")}
+
+
+def test_a_malformed_federated_entry_is_logged_once_and_the_rest_wanted() -> None:
+    demand = Demand()
+    fed = svc("bar-federated", annotations={
+        "multicluster.linkerd.io/remote-discovery": "bar@east,oops"})
+    services = {ServiceKey("ns", "bar-federated"): fed}
+    with structlog.testing.capture_logs() as logs:
+        demand.rebuild(services.values())
+        demand.update(services, [ServiceKey("ns", "bar-federated")])  # looked at again
+    assert [e["entries"] for e in logs] == [["oops"]]
     assert demand.of("east") == {ServiceKey("ns", "bar")}
 
 
