@@ -139,7 +139,8 @@ def reading(mode: str, kubeconfig: str, wanted: list[str]) -> dict[str, Any]:
         [sys.executable, "-m", "bench.linked_memory", "--child", mode, "--kubeconfig",
          kubeconfig, "--wanted", ",".join(wanted)],
         stdout=subprocess.PIPE, text=True, check=True)
-    result: dict[str, Any] = json.loads(proc.stdout)
+    # The child's own log lines come first; its reading is the last line.
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 
