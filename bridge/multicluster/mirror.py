@@ -53,6 +53,8 @@ from bridge.sources.kube import (
 
 log = structlog.get_logger("meshbridge.mirror")
 
+RESYNC = 30.0  # seconds between passes when nothing says a pass is due
+
 
 def exported_services_source(link: Link, credentials: Credentials,
                              report: Report) -> LinkSource:
@@ -107,9 +109,12 @@ class MirrorController:
         self._pending.set()
 
     async def run(self) -> None:
-        """Pass after pass, one whenever something changed since the last began."""
+        """Pass after pass, one whenever something changed since the last began, and
+        one every RESYNC seconds whatever happened (a Namespace created later, a
+        write that failed)."""
         while True:
-            await self._pending.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pending.wait(), RESYNC)
             self._pending.clear()
             plan = self.plan()
             await asyncio.to_thread(self._apply, plan)
