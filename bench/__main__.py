@@ -1,6 +1,7 @@
 """`make bench` / `python -m bench`: every headline figure in one table.
 
-    python -m bench [--quick] [--only fanout,memory,churn,connect,encode,bigservice] [--out FILE]
+    python -m bench [--quick] [--only fanout,memory,churn,connect,encode,bigservice,routes,
+                                     gcp,failover,parallel] [--out FILE]
     python -m bench NAME...      run benchmark modules by name, each printing its own
                                  report (e.g. `python -m bench xds_fanout`)
 
@@ -47,6 +48,12 @@ FULL: dict[str, list[list[str]]] = {
                                              "--clients-kind", "grpcio"]],
     "encode": [["encode", "--runs", "5"]],
     "bigservice": [["big_service", "--runs", "5"]],
+    "routes": [["route_edit", "--streams", "1000", "--runs", "5"]],
+    # Beside go-control-plane's LinearCache (built from the Go module proxy), one run.
+    "gcp": [["gcp_compare", "--protocol", p, "--streams", "5000", "--runs", "5"]
+            for p in ("sotw", "delta")],
+    "failover": [["failover", "--clients", "5000", "--runs", "3"]],
+    "parallel": [["parallel", "--runs", "5"]],
 }
 QUICK: dict[str, list[list[str]]] = {
     "fanout": [["fanout", "--protocol", p, "--streams", "100", "--runs", "3",
@@ -59,8 +66,14 @@ QUICK: dict[str, list[list[str]]] = {
     "bigservice": [["big_service", "--runs", "1", "--changes", "20", "--endpoints",
                     "100,1000", "--latency-endpoints", "1000", "--latency-changes", "10",
                     "--latency-runs", "1"]],
+    "gcp": [["gcp_compare", "--streams", "200", "--runs", "2", "--channels", "5"]],
+    "failover": [["failover", "--clients", "100", "--names", "3", "--services", "20",
+                  "--channels", "5", "--runs", "1"]],
+    "parallel": [["parallel", "--streams", "500", "--rounds", "2", "--runs", "1"]],
+    "routes": [["route_edit", "--streams", "100", "--runs", "2", "--channels", "5"]],
 }
-SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice")
+SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice", "routes", "gcp",
+          "failover", "parallel")
 
 
 def discover() -> list[str]:

@@ -175,8 +175,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
         """What a SotW EDS stream is handed per change, framed as its response."""
         res = eds.resource(sotw, name)
         assert res is not None
-        return sotw_stream._encode(Reply(rt.ENDPOINT, eds.version(), (res,)),
-                                   rt.ENDPOINT, "1")
+        return sotw_stream._encode(Reply(rt.ENDPOINT, (res,)), res.version, rt.ENDPOINT, "1")
 
     def leds_push() -> int:
         """What a LEDS stream does per change: the reply, framed, and recording what
@@ -186,7 +185,6 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
         ledsub.must_reply = False
         if reply is None:
             return 0
-        delta_stream._encode(reply, rt.LB_ENDPOINT, "1")
         for r in reply.resources:
             ledsub.sent[r.name] = r.version
         for gone in reply.removed:
@@ -194,6 +192,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
                 ledsub.sent[gone] = ABSENT
             else:
                 ledsub.sent.pop(gone, None)
+        delta_stream._encode(reply, ledsub.sent.version(), rt.LB_ENDPOINT, "1")
         return len(reply.resources) + len(reply.removed)
 
     # The first version, as a subscriber would have it. The bench holds each CLA until

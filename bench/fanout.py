@@ -43,7 +43,8 @@ from bench.common import (
     rss_kib,
     serving_layers,
 )
-from meshbridge import gctune
+from meshbridge import eventloop, gctune
+from meshbridge.eventloop import EVENT_LOOPS, default_loop
 
 PROTOCOLS = ("get", "sotw", "delta")
 TITLES = {"get": "Linkerd Get", "sotw": "xDS SotW EDS", "delta": "xDS delta EDS"}
@@ -153,12 +154,13 @@ async def run_client(args: argparse.Namespace) -> int:
 
     follow = {"get": linkerd, "sotw": sotw, "delta": delta}[args.protocol]
     tasks: list[asyncio.Task[None]] = []
+    reader = await commands()
     for goal in (args.first_phase, args.streams):
         arrivals.expect(goal)
         tasks.extend(asyncio.create_task(follow(i)) for i in range(len(tasks), goal))
         await asyncio.wait_for(arrivals.ready.wait(), 300)
         out_line(ready=goal)
-    reader = await commands()
+        await reader.readline()  # the parent has read the server's memory
     await reader.read()  # until the parent closes stdin
     for t in tasks:
         t.cancel()
@@ -227,6 +229,7 @@ async def run_lean_client(args: argparse.Namespace) -> int:
 
     path = {"get": GET, "sotw": ADS_SOTW, "delta": ADS_DELTA}[args.protocol]
     started = 0
+    reader = await commands()
     for goal in (args.first_phase, args.streams):
         arrivals.expect(goal)
         for i in range(started, goal):
@@ -234,7 +237,9 @@ async def run_lean_client(args: argparse.Namespace) -> int:
         started = goal
         await asyncio.wait_for(arrivals.ready.wait(), 300)
         out_line(ready=goal)
-    reader = await commands()
+        # The next streams open only once the parent has read the server's memory
+        # with exactly these open.
+        await reader.readline()
     await reader.read()  # until the parent closes stdin
     for c in conns:
         c.close()
@@ -301,6 +306,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                        "streams open and idle")
             gc.collect()
             readings.append((ready, rss_kib(), tracemalloc.get_traced_memory()[0]))
+            await child.send(next=True)
         tracemalloc.stop()
         (n1, rss1, heap1), (n2, rss2, heap2) = readings
         svc = sim.services[0]
@@ -334,7 +340,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         gctune.release_heap()
     return {
         "protocol": args.protocol, "streams": args.streams, "channels": args.channels,
-        "clients": args.clients,
+        "clients": args.clients, "event_loop": args.event_loop,
         "endpoints": args.endpoints, "runs": args.runs,
         "all_received_ms": latencies, "first_received_ms": firsts,
         "server_cpu_ms": cpu_ms,
@@ -363,7 +369,8 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join([
         f"fan-out: {result['streams']:,} {TITLES[result['protocol']]} streams over "
         f"{result['channels']} connections ({result.get('clients', 'grpcio')} clients), one "
-        f"View of {result['endpoints']} endpoints, {result['runs']} runs",
+        f"View of {result['endpoints']} endpoints, {result['runs']} runs, "
+        f"{result.get('event_loop', 'asyncio')} loop",
         f"  last stream has the change: median {statistics.median(lat):.1f} ms "
         f"(min {min(lat):.1f}, max {max(lat):.1f})",
         f"  first stream has it: median {statistics.median(result['first_received_ms']):.1f}"
@@ -394,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", choices=("lean", "grpcio"), default="lean",
                    help="the client streams: bench/h2client.py's callbacks (default) or "
                         "one grpc.aio call and task per stream")
+    p.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_loop(),
+                   help="the server's event loop (the client's is always asyncio's)")
     p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--server", help=argparse.SUPPRESS)
     p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
@@ -401,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.client:
         return asyncio.run(run_lean_client(args) if args.clients == "lean"
                            else run_client(args))
-    result = asyncio.run(run_bench(args))
+    result = eventloop.run(run_bench(args), args.event_loop)
     if args.json:
         print_json("fanout", rows(result), result)
     else:

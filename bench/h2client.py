@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable
+from typing import cast
 
 import hpack
 
@@ -66,8 +67,8 @@ class LeanConnection(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = transport = cast(asyncio.Transport, transport)
         transport.write(f.PREFACE + f.settings_frame({
             f.INITIAL_WINDOW_SIZE: _WINDOW, f.ENABLE_PUSH: 0})
             + f.window_update(0, _WINDOW - f.DEFAULT_WINDOW))

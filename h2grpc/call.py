@@ -78,6 +78,7 @@ class ServerCall:
         "_encoding",
         "_inbox",
         "_metadata",
+        "_on_message",
         "_one_request",
         "_rbuf",
         "_reader",
@@ -112,6 +113,8 @@ class ServerCall:
         self.task: asyncio.Task[None] | None = None
         self._drained: asyncio.Future[None] | None = None
         self._inbox: list[bytes] | None = None
+        # read_into's callback: messages go to it as they arrive, not to the inbox.
+        self._on_message: Callable[[Any], bool] | None = None
         self._reader: asyncio.Future[None] | None = None
         self._rbuf: bytearray | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -171,6 +174,43 @@ class ServerCall:
         if self.stream.recv_unacked:
             self.conn.maybe_refill(self)
         return message if self._deserializer is None else self._deserializer(message)
+
+    async def read_into(self, on_message: Callable[[Any], bool]) -> None:
+        """Hand every request message to `on_message` as it arrives, in the callback
+        that received it: no task switch per message (h2grpc's own; grpc.aio has no
+        such call). Returns when the client has sent its last message or the call is
+        over, or when `on_message` returns True (the handler reads no more); what
+        `on_message` raises is raised here, and later messages are dropped."""
+        inbox, self._inbox = self._inbox or [], None
+        for message in inbox:  # what came before the handler started reading
+            if self._take(on_message, message):
+                return
+        if self.remote_closed or self.ended:
+            return
+        self._on_message = on_message
+        self._reader = done = asyncio.get_running_loop().create_future()
+        try:
+            await done
+        finally:
+            self._reader = None
+            self._on_message = None
+
+    def _take(self, on_message: Callable[[Any], bool], message: bytes) -> bool:
+        return on_message(message if self._deserializer is None
+                          else self._deserializer(message))
+
+    def _deliver_to(self, on_message: Callable[[Any], bool], message: bytes) -> None:
+        done = self._reader
+        try:
+            finished = self._take(on_message, message)
+        except Exception as e:  # the handler's to report: it is raised in read_into
+            self._on_message = _drop
+            if done is not None and not done.done():
+                done.set_exception(e)
+            return
+        if finished:
+            self._on_message = _drop
+            self._wake_reader()
 
     async def write(self, message: Any) -> None:
         self._send(message if self._serializer is None else self._serializer(message))
@@ -254,6 +294,9 @@ class ServerCall:
             except ValueError as e:
                 self.fail(grpc.StatusCode.INTERNAL, str(e))
                 return
+        if self._on_message is not None:
+            self._deliver_to(self._on_message, message)
+            return
         if self._inbox is None:
             self._inbox = [message]
         else:
@@ -429,6 +472,11 @@ def _chain(interceptor: Any, inner: Callable[[Any], Any]) -> Callable[[Any], Any
     async def step(d: Any) -> Any:
         return await interceptor.intercept_service(inner, d)
     return step
+
+
+def _drop(_message: Any) -> bool:
+    """What read_into's messages go to once its reader is done."""
+    return False
 
 
 def _decompress(encoding: str | None, message: bytes) -> bytes:

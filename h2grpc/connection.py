@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import structlog
@@ -88,8 +88,8 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = transport = cast(asyncio.Transport, transport)
         transport.set_write_buffer_limits(high=self.limits.write_high_water)
         peername = transport.get_extra_info("peername")
         self.peer = _peer_text(peername)

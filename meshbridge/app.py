@@ -31,7 +31,7 @@ from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
 from meshbridge import debug, exposition, h2metrics
 from meshbridge.admin import AdminServer, Request, Response
-from meshbridge.debug import Renderer
+from meshbridge.debug import Renderer, RouteRenderer
 from meshbridge.host import Host
 from meshbridge.limits import Limits
 from meshbridge.rpcguard import GrpcMetrics, RpcGuard
@@ -157,6 +157,7 @@ class App:
         self.streams = StreamRegistry(self.metrics)
         # How each protocol layer encodes a View, for /debug/endpoints.
         self.renderers: dict[str, Renderer] = {}
+        self.route_renderers: dict[str, RouteRenderer] = {}
         self._install_admin_routes()
 
     # ------------------------------------------------------------------ lifecycle
@@ -281,6 +282,9 @@ class App:
 
     def add_renderer(self, name: str, renderer: Renderer) -> None:
         self.renderers[name] = renderer
+
+    def add_route_renderer(self, name: str, renderer: RouteRenderer) -> None:
+        self.route_renderers[name] = renderer
 
     def keep(self, name: str, service: object) -> None:
         self._services[name] = service

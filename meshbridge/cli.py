@@ -25,7 +25,8 @@ from bridge.authority import AuthorityError
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
 from bridge.port_sets import PortSpecError, parse_port_set
 from h2grpc.limits import H2Limits, knobs
-from meshbridge import gctune, layers
+from meshbridge import eventloop, gctune, layers
+from meshbridge.eventloop import EVENT_LOOPS
 from meshbridge.limits import Limits
 from meshbridge.log import LOG_LEVELS, configure_logging
 from meshbridge.startup import StartupError
@@ -103,6 +104,10 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link-sync-timeout", type=float, default=DEFAULT_SYNC_TIMEOUT,
                    help="seconds a cluster linked at start may hold /ready before it "
                         "has synced")
+    p.add_argument("--route-status", action=argparse.BooleanOptionalAction, default=True,
+                   help="kube source: write each route's status.parents (Accepted, "
+                        "ResolvedRefs) under meshbridge's controllerName, beside other "
+                        "controllers' (default: on; other sources never write)")
     p.add_argument("--endpoints-api", choices=("endpointslices", "endpoints"),
                    default="endpointslices",
                    help="kube source: watch EndpointSlices (default) or v1 Endpoints")
@@ -119,6 +124,10 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-transport", choices=("native", "grpcio"), default="native",
                    help="the gRPC server: meshbridge's own HTTP/2 server (default) or "
                         "grpc.aio's")
+    p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio",
+                   help="the asyncio event loop: the standard library's (default) or "
+                        "uvloop (pip install 'meshbridge[uvloop]'; docs/performance.md "
+                        "has both measured)")
     defaults = Limits()
     p.add_argument("--max-streams-per-connection", type=int,
                    default=defaults.max_streams_per_connection,
@@ -146,7 +155,10 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
-    return asyncio.run(_serve(args))
+    if args.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise SystemExit("--event-loop uvloop: uvloop is not installed "
+                         "(pip install 'meshbridge[uvloop]')")
+    return eventloop.run(_serve(args), args.event_loop)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -277,7 +289,7 @@ def _kube_options(args: argparse.Namespace) -> dict[str, object]:
     if not args.source.startswith("kube"):
         return {}
     options: dict[str, object] = {
-        k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api")
+        k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api", "route_status")
         if getattr(args, k, None) is not None}
     # Linked clusters' Secrets are read where Linkerd's destination reads them.
     options["link_namespace"] = args.controller_namespace

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.authority import AuthorityError, format_authority, parse_authority
-from bridge.model import FilterKey, ViewKey
+from bridge.model import FilterKey, ServiceKey, ViewKey
+from bridge.routes.text import RouteRow
 from meshbridge.admin import Request, Response
 from meshbridge.stream_registry import human_time
 
@@ -39,8 +40,11 @@ if TYPE_CHECKING:
     from meshbridge.app import App
 
 Renderer = Callable[["View"], tuple[dict[str, dict[str, Any]], Any]]
+# A Service port's routes as one client kind is told them, for a client namespace:
+# the route-table rows and what that kind is not told (Routes §3.4).
+RouteRenderer = Callable[[ServiceKey, int, str], tuple[list[RouteRow], list[str]]]
 
-_ENDPOINTS_PARAMS = {"authority", "node", "format"}
+_ENDPOINTS_PARAMS = {"authority", "node", "format", "namespace"}
 
 
 def _json(status: int, body: Any) -> Response:
@@ -132,8 +136,17 @@ def _endpoints(app: App, req: Request) -> Response:
     # The View's publish time is monotonic; people read wall-clock time.
     published = human_time(time.time() - (time.monotonic() - view.published_at)) \
         if view.published_at else None
+    client_ns = req.query.get("namespace", [key.service.namespace])[0]
+    routes = {}
+    for name, render_routes in sorted(app.route_renderers.items()):
+        rows, left_out = render_routes(key.service, key.port, client_ns)
+        routes[name] = {"rows": [{"match": r.match, "to": r.to, "notes": list(r.notes),
+                                  "source": r.source} for r in rows],
+                        "left_out": left_out}
     doc = {
         "authority": authority,
+        "client_namespace": client_ns,
+        "routes": routes,
         "version": view.version,
         "published": published,
         "view": {"endpoints": core},
@@ -228,8 +241,48 @@ rendered <span id="rendered">{rendered}</span> &middot;
 <b id="verdict">{verdict}</b> &middot;
 <a href="?authority={authority}&amp;format=json">JSON</a> &middot; <a href="/">index</a></p>
 <table id="endpoints"><tr><th>address</th>{heads}</tr>{"".join(rows)}</table>
+{routes_section(doc)}
 </body></html>
 """
+
+
+def routes_section(doc: dict[str, Any]) -> str:
+    """The port's routes as each client kind is told them, side by side, one row per
+    position; a cell that differs from another kind's and what a kind is not told
+    are highlighted."""
+    routes = doc.get("routes") or {}
+    if not routes:
+        return ""
+    names = sorted(routes)
+    depth = max(len(routes[n]["rows"]) for n in names)
+
+    def text(row: dict[str, Any]) -> str:
+        notes = f" [{'; '.join(row['notes'])}]" if row["notes"] else ""
+        return f"{row['match'] or '(any)'} -> {row['to']}{notes}"
+
+    body = []
+    for i in range(depth):
+        cells = [routes[n]["rows"][i] if i < len(routes[n]["rows"]) else None for n in names]
+        # Backends and matches are compared; notes differ by what each kind can say.
+        seen = {(c["match"], c["to"]) for c in cells if c is not None}
+        cls = "same" if len(seen) == 1 and None not in cells else "differ"
+        tds = "".join('<td class="absent">none</td>' if c is None else
+                      f"<td>{html.escape(text(c))}<br><small>{html.escape(c['source'])}"
+                      "</small></td>" for c in cells)
+        body.append(f'<tr class="{cls}"><td>{i + 1}</td>{tds}</tr>')
+    left = "".join(
+        f"<tr class=\"differ\"><td>{html.escape(_LABELS.get(n, n))}</td><td>"
+        f"{html.escape(item)}</td></tr>" for n in names for item in routes[n]["left_out"])
+    heads = "".join(f"<th>{html.escape(_ROUTE_LABELS.get(n, n))}</th>" for n in names)
+    ns = html.escape(doc.get("client_namespace", ""))
+    return (f'<h2>routes, for a client in namespace {ns}</h2>'
+            f'<table id="routes"><tr><th>#</th>{heads}</tr>{"".join(body)}</table>'
+            + (f'<h3>not told to a client kind</h3><table id="left-out">{left}</table>'
+               if left else '<p id="left-out">every client kind is told every route</p>'))
+
+
+_ROUTE_LABELS = {"linkerd": "Linkerd OutboundPolicies", "envoy": "Envoy RDS",
+                 "grpc": "proxyless gRPC RDS"}
 
 
 def _cell(value: object) -> str:

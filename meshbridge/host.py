@@ -17,7 +17,7 @@ import prometheus_client
 from bridge.cluster import Cluster
 from bridge.model import MeshConfig
 from bridge.multicluster.views import MultiClusterViews
-from meshbridge.debug import Renderer
+from meshbridge.debug import Renderer, RouteRenderer
 from meshbridge.limits import Limits
 from meshbridge.stream_registry import StreamRegistry
 
@@ -42,6 +42,10 @@ class Host(Protocol):
 
     def add_renderer(self, name: str, renderer: Renderer) -> None:
         """How this layer encodes a View, for /debug/endpoints."""
+
+    def add_route_renderer(self, name: str, renderer: RouteRenderer) -> None:
+        """How this layer tells a client kind a Service port's routes, for
+        /debug/endpoints."""
 
     def keep(self, name: str, service: object) -> None:
         """Keep the layer's service on the host (tests and tools find it by name)."""

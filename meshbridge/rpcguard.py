@@ -46,55 +46,79 @@ class GrpcMetrics:
             buckets=(0.1, 1, 300, 3600), registry=registry)
 
 
-class _Call:
-    """The metric children of one RPC, bound once."""
+class _Method:
+    """The metric children of one method, bound once for all its calls."""
 
-    __slots__ = ("handled", "labels", "msg_received", "msg_sent", "start")
+    __slots__ = ("handled", "labels", "msg_received", "msg_sent", "started")
 
     def __init__(self, metrics: GrpcMetrics, method: str, rpc_type: str) -> None:
         service, _, name = method.lstrip("/").rpartition("/")
         self.labels = (service, name, rpc_type)
-        metrics.started.labels(*self.labels).inc()
+        self.started = metrics.started.labels(*self.labels)
         self.msg_sent = metrics.msg_sent.labels(*self.labels)
         self.msg_received = metrics.msg_received.labels(*self.labels)
         self.handled = metrics.handled
-        self.start = time.perf_counter()
 
 
 class _CountingContext:
-    """A ServicerContext whose reads and writes are counted; everything else passes."""
+    """A ServicerContext whose reads and writes are counted; everything else passes.
+    One per open stream, so it holds two references and nothing else."""
 
-    __slots__ = ("_call", "_inner")  # one per open stream: keep it small
+    __slots__ = ("_inner", "_method")
 
-    def __init__(self, inner: grpc.aio.ServicerContext, call: _Call) -> None:
+    def __init__(self, inner: grpc.aio.ServicerContext, method: _Method) -> None:
         self._inner = inner
-        self._call = call
+        self._method = method
 
     def __getattr__(self, name: str) -> Any:
-        found = getattr(self._inner, name)
-        if name == "write_nowait":  # the native server's: counted like write
-            def write_nowait(message: bytes) -> bool:
-                written: bool = found(message)
-                if written:
-                    self._call.msg_sent.inc()
-                return written
-            return write_nowait
+        found = getattr(self._inner, name)  # AttributeError if the server has none
+        # The native server's calls without a task switch, counted as write and read.
+        if name == "write_nowait":
+            return self._write_nowait
+        if name == "read_into":
+            return self._read_into
         return found
+
+    def _write_nowait(self, message: bytes) -> bool:
+        written: bool = self._inner.write_nowait(message)
+        if written:
+            self._method.msg_sent.inc()
+        return written
+
+    def _read_into(self, on_message: Callable[[Any], bool]) -> Awaitable[None]:
+        # The server's own coroutine, not one of ours around it: one frame less
+        # held by every open stream.
+        read_into: Callable[[Callable[[Any], bool]], Awaitable[None]] = self._inner.read_into
+        return read_into(_CountedReader(on_message, self._method.msg_received))
 
     async def write(self, message: Any) -> None:
         await self._inner.write(message)
-        self._call.msg_sent.inc()
+        self._method.msg_sent.inc()
 
     async def read(self) -> Any:
         message = await self._inner.read()
         if message is not grpc.aio.EOF:
-            self._call.msg_received.inc()
+            self._method.msg_received.inc()
         return message
 
 
-async def _count_requests(requests: AsyncIterator[Any], call: _Call) -> AsyncIterator[Any]:
+class _CountedReader:
+    """A read_into callback that counts each message on its way to the handler's."""
+
+    __slots__ = ("_counter", "_on_message")
+
+    def __init__(self, on_message: Callable[[Any], bool], counter: Any) -> None:
+        self._on_message = on_message
+        self._counter = counter
+
+    def __call__(self, message: Any) -> bool:
+        self._counter.inc()
+        return self._on_message(message)
+
+
+async def _count_requests(requests: AsyncIterator[Any], method: _Method) -> AsyncIterator[Any]:
     async for request in requests:
-        call.msg_received.inc()
+        method.msg_received.inc()
         yield request
 
 
@@ -118,6 +142,10 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.metrics = metrics
         self.open: dict[str, int] = {}
         self.refused = 0
+        # The wrapped handler of each (method, handler): built once, not per call, so
+        # that an open stream holds none of it.
+        self._wrapped: dict[tuple[str, int], tuple[grpc.RpcMethodHandler,
+                                                   grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -127,7 +155,17 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None:
             return handler
-        method = details.method
+        key = (details.method, id(handler))
+        known = self._wrapped.get(key)
+        if known is not None and known[0] is handler:
+            return known[1]
+        wrapped = self._wrap_handler(handler, details.method)
+        # Generic handlers hand out one handler per method: the table stays that size.
+        self._wrapped[key] = (handler, wrapped)
+        return wrapped
+
+    def _wrap_handler(self, handler: grpc.RpcMethodHandler,
+                      method: str) -> grpc.RpcMethodHandler:
         for attr, rpc_type, make in (
             ("unary_unary", "unary", grpc.unary_unary_rpc_method_handler),
             ("unary_stream", "server_stream", grpc.unary_stream_rpc_method_handler),
@@ -144,66 +182,71 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def _wrap(self, inner: Callable[..., Any], method: str, rpc_type: str) -> Callable[..., Any]:
         streaming = rpc_type != "unary"
         client_streaming = rpc_type in ("client_stream", "bidi_stream")
+        counted = _Method(self.metrics, method, rpc_type) if self.metrics is not None else None
 
         if inspect.isasyncgenfunction(inner):
             async def gen(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                call, addr = await self._enter(context, method, rpc_type, streaming)
-                if call is not None and client_streaming:
-                    request = _count_requests(request, call)
+                addr = await self._enter(context, counted, streaming)
+                start = time.perf_counter()
+                if counted is not None and client_streaming:
+                    request = _count_requests(request, counted)
                 error: BaseException | None = None
                 try:
-                    async for item in inner(request, _CountingContext(context, call)
-                                            if call else context):
+                    async for item in inner(request, _CountingContext(context, counted)
+                                            if counted else context):
                         yield item
-                        if call is not None:
-                            call.msg_sent.inc()
+                        if counted is not None:
+                            counted.msg_sent.inc()
                 except BaseException as e:
                     error = e
                     raise
                 finally:
-                    self._leave(addr, call, context, error)
+                    self._leave(addr, counted, start, context, error)
             return gen
 
         async def coro(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            call, addr = await self._enter(context, method, rpc_type, streaming)
-            if call is not None and client_streaming and request is not None:
-                request = _count_requests(request, call)
+            addr = await self._enter(context, counted, streaming)
+            start = time.perf_counter()
+            if counted is not None and client_streaming and request is not None:
+                request = _count_requests(request, counted)
             error: BaseException | None = None
             try:
-                return await inner(request, _CountingContext(context, call) if call else context)
+                return await inner(request, _CountingContext(context, counted)
+                                   if counted else context)
             except BaseException as e:
                 error = e
                 raise
             finally:
-                self._leave(addr, call, context, error)
+                self._leave(addr, counted, start, context, error)
         return coro
 
-    async def _enter(self, context: grpc.aio.ServicerContext, method: str, rpc_type: str,
-                     streaming: bool) -> tuple[_Call | None, str]:
-        call = _Call(self.metrics, method, rpc_type) if self.metrics is not None else None
+    async def _enter(self, context: grpc.aio.ServicerContext, counted: _Method | None,
+                     streaming: bool) -> str:
+        if counted is not None:
+            counted.started.inc()
         if not streaming:
-            return call, ""
+            return ""
         addr = peer_address(context.peer())
         if self.open.get(addr, 0) >= self.limit:
             self.refused += 1
             log.warning("stream refused: too many streams from one client", peer=addr,
                         limit=self.limit)
-            if call is not None:
-                call.handled.labels(*call.labels, "ResourceExhausted").inc()
+            if counted is not None:
+                counted.handled.labels(*counted.labels, "ResourceExhausted").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"more than {self.limit} concurrent streams from {addr} "
                                 "(--max-streams-per-client)")
         self.open[addr] = self.open.get(addr, 0) + 1
-        return call, addr
+        return addr
 
-    def _leave(self, addr: str, call: _Call | None, context: grpc.aio.ServicerContext,
-               error: BaseException | None) -> None:
+    def _leave(self, addr: str, counted: _Method | None, start: float,
+               context: grpc.aio.ServicerContext, error: BaseException | None) -> None:
         if addr:
             n = self.open[addr] - 1
             if n:
                 self.open[addr] = n
             else:
                 del self.open[addr]
-        if call is not None and self.metrics is not None:
-            call.handled.labels(*call.labels, _code_of(context, error)).inc()
-            self.metrics.handling.labels(*call.labels).observe(time.perf_counter() - call.start)
+        if counted is not None and self.metrics is not None:
+            counted.handled.labels(*counted.labels, _code_of(context, error)).inc()
+            self.metrics.handling.labels(*counted.labels).observe(time.perf_counter() - start)

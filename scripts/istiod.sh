@@ -6,7 +6,9 @@
 #
 # Usage: scripts/istiod.sh
 #   Prints, as the last line on stdout, a directory that holds an executable
-#   `pilot-discovery` and `crd-all.gen.yaml` (Istio's CRDs, from the same module).
+#   `pilot-discovery`, `crd-all.gen.yaml` (Istio's CRDs, from the same module) and
+#   `gateway-api-crds.yaml` (the Gateway API's standard CRDs, from the
+#   sigs.k8s.io/gateway-api module at the version Istio's go.mod requires).
 #   All progress output goes to stderr.
 #
 # The binary is built (and cached) by scripts/gotool.sh: istio.io/istio's go.mod has no
@@ -28,7 +30,8 @@ DEST="${CACHE_ROOT}/${ISTIO_VERSION}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 log() { printf 'istiod: %s\n' "$*" >&2; }
-have_all() { [[ -x "${DEST}/pilot-discovery" && -s "${DEST}/crd-all.gen.yaml" ]]; }
+have_all() { [[ -x "${DEST}/pilot-discovery" && -s "${DEST}/crd-all.gen.yaml"
+               && -s "${DEST}/gateway-api-crds.yaml" ]]; }
 
 if have_all; then  # fast path: no lock, no Go
   printf '%s\n' "${DEST}"
@@ -61,6 +64,20 @@ crds="${mod_dir}/manifests/charts/base/files/crd-all.gen.yaml"
 cp -f "${crds}" "${DEST}/crd-all.gen.yaml.tmp"
 chmod 0644 "${DEST}/crd-all.gen.yaml.tmp"
 mv -f "${DEST}/crd-all.gen.yaml.tmp" "${DEST}/crd-all.gen.yaml"
+# The Gateway API's CRDs (routes for a mesh), at the version Istio builds against.
+gw_version="$(sed -n 's/^[[:space:]]*sigs\.k8s\.io\/gateway-api v\([^ ]*\)$/v\1/p' \
+  "${mod_dir}/go.mod" | head -n 1)"
+[[ -n "${gw_version}" ]] || { log "no sigs.k8s.io/gateway-api in ${mod_dir}/go.mod"; exit 1; }
+gw_dir="$(go mod download -json "sigs.k8s.io/gateway-api@${gw_version}" |
+  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+{
+  for kind in gatewayclasses gateways httproutes grpcroutes referencegrants; do
+    printf -- '---\n'
+    cat "${gw_dir}/config/crd/standard/gateway.networking.k8s.io_${kind}.yaml"
+  done
+} > "${DEST}/gateway-api-crds.yaml.tmp"
+chmod 0644 "${DEST}/gateway-api-crds.yaml.tmp"
+mv -f "${DEST}/gateway-api-crds.yaml.tmp" "${DEST}/gateway-api-crds.yaml"
 # A link, not a copy: the binary is ~100 MB and stays in gotool.sh's cache; if that
 # cache is removed the link dangles, have_all fails and the next run rebuilds.
 ln -sfn "${bin}" "${DEST}/pilot-discovery"

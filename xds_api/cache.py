@@ -20,7 +20,7 @@ type's rules live in its own module under `xds_api/caches/`:
   one route model (`bridge.routes`), per client kind (Envoy, proxyless gRPC) and
   client namespace, each variant encoded once per route change.
 
-The mux owns what the types share: the server's version prefix, the index of service
+The mux owns what the types share: the index of service
 ports (`caches/ports.py`) and the one Cluster listener that keeps it, and tells each
 type what a change did.
 """
@@ -71,8 +71,8 @@ class ResourceCache:
         self.cluster_domain = cluster_domain
         self.draining = draining
         self.metrics = metrics or XdsMetrics()
-        # Versions are per type and per server (§1.2): a prefix unique to this process
-        # keeps a reconnecting client's old version from matching a new one.
+        # Each type's change count names this process (debugging only: what goes on
+        # the wire is content-derived, §1.2).
         prefix = secrets.token_hex(3)
         self.ports = ServicePorts(cluster_domain)
         self.endpoints = EndpointCache(views, cluster_domain, prefix, draining=draining,

@@ -30,6 +30,11 @@ class XdsMetrics:
         stale = Counter("pilot_xds_expired_nonce",
                         "SotW requests ignored because their nonce is stale.", ["type"],
                         registry=reg)
+        reconnects = Counter(
+            "meshbridge_xds_reconnects_current",
+            "SotW streams whose first request presented the version of exactly what "
+            "they were then sent (a client back from another replica, up to date).",
+            ["type"], registry=reg)
         self.write_timeouts = Counter(
             "pilot_xds_write_timeout",
             "Streams cut off because the client stopped reading.", registry=reg)
@@ -47,6 +52,7 @@ class XdsMetrics:
         self.rejects = {t: rejects.labels(rt.short_name(t)) for t in _TYPES}
         self.stale = {t: stale.labels(rt.short_name(t)) for t in _TYPES}
         self.serializations = {t: serializations.labels(rt.short_name(t)) for t in _TYPES}
+        self.reconnects_current = {t: reconnects.labels(rt.short_name(t)) for t in _TYPES}
 
     @staticmethod
     def key(type_url: str) -> str:

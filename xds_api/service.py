@@ -22,11 +22,13 @@ import grpc
 import structlog
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError
 
-from bridge.model import ResolvedEndpoint
+from bridge.model import ResolvedEndpoint, ServiceKey, ViewKey
+from bridge.routes.text import RouteRow
 from bridge.views import View
 from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
@@ -42,6 +44,8 @@ from xds_api.resources import (
     METADATA_PROFILES,
     MetadataEncoder,
 )
+from xds_api.route_config import ClientKind
+from xds_api.route_text import route_config_rows
 from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
@@ -167,6 +171,8 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     server.add_generic_rpc_handlers(service.handlers())
     host.on_stop(service.stop)
     host.add_renderer("xds", service.render_view)
+    host.add_route_renderer("envoy", partial(service.render_routes, ClientKind.ENVOY))
+    host.add_route_renderer("grpc", partial(service.render_routes, ClientKind.GRPC))
     host.keep("xds", service)
 
 
@@ -305,6 +311,20 @@ class XdsService:
 
     # ------------------------------------------------------------ debugging
 
+    def render_routes(self, client: ClientKind, service: ServiceKey, port: int,
+                      client_namespace: str) -> tuple[list[RouteRow], list[str]]:
+        """A Service port's RouteConfiguration as this client kind in this namespace is
+        sent it, as route-table rows, and what it is not told (for /debug/endpoints)."""
+        name = ViewKey(service, port).authority(self.cache.cluster_domain)
+        res = self.cache.routes.variant(name, client, client_namespace)
+        if res is None:
+            return [], []
+        config = route_pb2.RouteConfiguration()
+        any_msg = any_pb2.Any.FromString(res.any_bytes)
+        any_msg.Unpack(config)
+        left_out = self.cache.routes.left_out_of(name, client, client_namespace)
+        return route_config_rows(config), [str(x) for x in left_out]
+
     def render_view(self, view: View) -> tuple[dict[str, dict[str, Any]], Any]:
         """The View as xDS clients get it, for /debug/endpoints: the CLA's endpoints
         keyed by "ip:port", and the CLA as proto-JSON."""
@@ -436,16 +456,16 @@ class StreamRunner:
 
     async def run(self, context: grpc.aio.ServicerContext) -> None:
         self._task = asyncio.current_task()
-        handle = self.stream.handle
-        message, metrics = self._message, self.service.metrics
         try:
-            while True:
-                raw = await context.read()
-                if raw is grpc.aio.EOF:
+            read_into = getattr(context, "read_into", None)
+            if read_into is not None:
+                # The native server hands each request (an ACK, mostly) to `receive`
+                # in the callback that read it: no task switch per message.
+                await read_into(self.receive)
+                return
+            while (raw := await context.read()) is not grpc.aio.EOF:
+                if self.receive(raw):
                     return
-                handle(decode(message, raw, metrics))
-                if self._ending and not self.stream.awaiting_answer():
-                    return  # shutting down, and the client has answered everything
         except StreamError as e:
             log.info("xds stream refused", node=self.stream.node_id, peer=self.stream.peer,
                      reason=str(e))
@@ -472,6 +492,12 @@ class StreamRunner:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(writer, SHUTDOWN_WRITE_GRACE)
             self.stream.close()
+
+    def receive(self, raw: bytes) -> bool:
+        """One request, decoded and applied; True when the stream reads no more
+        (shutting down, and the client has answered everything)."""
+        self.stream.handle(decode(self._message, raw, self.service.metrics))
+        return self._ending and not self.stream.awaiting_answer()
 
     async def _flush(self, due: list[bytes] | None = None) -> None:
         """Write what is due (`due`, then whatever is) until nothing is; responses are

@@ -26,12 +26,16 @@ from xds_api import node_identity, wire
 from xds_api import resource_types as rt
 from xds_api.caches.type_cache import Reply, Watcher
 from xds_api.metrics import XdsMetrics
+from xds_api.names import collection_of
 from xds_api.resources import EncodedResource
 from xds_api.subscription import (
     ABSENT,
     LEDS_ALWAYS,
     LEDS_METADATA,
     LEDS_NEVER,
+    RESEND,
+    VERSION_DIGITS,
+    HeldVersions,
     NameChange,
     Subscription,
 )
@@ -110,6 +114,14 @@ _WARNED: set[str] = set()
 _MAX_WARNED = 4096
 
 
+def _is_version(text: str) -> bool:
+    """A resource version this server could have issued (§1.2: 24 hex digits)."""
+    return len(text) == VERSION_DIGITS and all(c in _HEX for c in text)
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
 def _first_time(node_id: str) -> bool:
     if node_id in _WARNED or len(_WARNED) >= _MAX_WARNED:
         return False
@@ -182,16 +194,22 @@ class XdsStream:
             if reply is None:
                 continue
             nonce = self._next_nonce()
-            data = self._encode(reply, t, nonce)
-            out.append(data)
             changed = self._new_or_changed(sub, reply) if t == rt.CLUSTER else ()
             self._record_sent(sub, reply)
+            # §1.2: the response's version is that of what the client now holds.
+            version = sub.sent.version()
+            if sub.presented:
+                if sub.presented == version:
+                    self.metrics.reconnects_current[t].inc()
+                sub.presented = ""
+            data = self._encode(reply, version, t, nonce)
+            out.append(data)
             sub.nonce = nonce
-            sub.version_sent = reply.version
+            sub.version_sent = version
             self.metrics.pushes[t].inc()
             self.metrics.push_bytes[t].inc(len(data))
             if self.info is not None:
-                self.info.sent(rt.short_name(t), reply.version, nonce, len(data))
+                self.info.sent(rt.short_name(t), version, nonce, len(data))
             if changed:
                 self._after_cluster_reply(changed)
         if self._unknown:
@@ -203,7 +221,7 @@ class XdsStream:
         """What the cache says is due for this subscription (SotW or delta rules)."""
         raise NotImplementedError
 
-    def _encode(self, reply: Reply, type_url: str, nonce: str) -> bytes:
+    def _encode(self, reply: Reply, version: str, type_url: str, nonce: str) -> bytes:
         raise NotImplementedError
 
     def _record_sent(self, sub: Subscription, reply: Reply) -> None:
@@ -287,6 +305,14 @@ class XdsStream:
                 [rt.WILDCARD, *shown] if sub.wildcard else shown)
         self.cache.watch(sub, change, self)
 
+    def _acked(self, sub: Subscription, nonce: str, version: str) -> None:
+        """§1.4: the client took the response `nonce` (at `version`)."""
+        sub.answered = nonce
+        sub.acked_version = version
+        sub.acks += 1
+        if self.info is not None:
+            self.info.acked(rt.short_name(sub.type_url), version)
+
     def _log_nack(self, sub: Subscription, nonce: str, version: str, code: int,
                   message: str) -> None:
         sub.nacks += 1
@@ -346,7 +372,7 @@ class SotwStream(XdsStream):
             return
         if t in rt.DELTA_ONLY:
             self._refuse_delta_only(t)
-        names = list(dict.fromkeys(req.resource_names))  # the same name twice is one
+        names = set(req.resource_names)  # the same name twice is one
         self._check_size(len(names), t)
         sub, _ = self._subscription(t)
         nack = req.HasField("error_detail")
@@ -365,15 +391,21 @@ class SotwStream(XdsStream):
         if req.response_nonce and sub.nonce:
             sub.answered = req.response_nonce
             if not nack:
-                sub.acked_version = req.version_info
-                sub.acks += 1
-                if self.info is not None:
-                    self.info.acked(rt.short_name(t), req.version_info)
+                self._acked(sub, req.response_nonce, req.version_info)
+                if names == sub.names and not sub.wildcard and rt.WILDCARD not in names:
+                    # An ACK that names what is subscribed changes no subscription
+                    # (the usual request by far: one per response per stream).
+                    if sub.dirty or sub.must_reply:
+                        self._wake()
+                    return
         else:
             # §1.8(a): no nonce (or none of ours: nothing was sent for this type on
             # this stream yet) means a first request, or a client starting the type
-            # over: it is answered in full, whatever version it says it holds.
+            # over: it is answered in full, whatever version it says it holds. §1.2:
+            # a client that moved from another replica may hold exactly that already,
+            # which the first response's version tells (counted, not relied on).
             sub.forget_sent()
+            sub.presented = req.version_info[:VERSION_DIGITS]
         change = sub.apply_sotw_names(names)
         if not sub.names and not sub.wildcard:
             # §1.8: an empty, non-wildcard request unsubscribes; no response.
@@ -421,14 +453,16 @@ class SotwStream(XdsStream):
     def _reply(self, sub: Subscription) -> Reply | None:
         return self.cache.sotw_reply(sub)
 
-    def _encode(self, reply: Reply, type_url: str, nonce: str) -> bytes:
-        return self._frame(reply.version, reply.resources, type_url, nonce)
+    def _encode(self, reply: Reply, version: str, type_url: str, nonce: str) -> bytes:
+        return self._frame(version, reply.resources, type_url, nonce)
 
     def _record_sent(self, sub: Subscription, reply: Reply) -> None:
         if sub.type_url in rt.FULL_STATE:
-            sub.sent = {r.name: r.version for r in reply.resources}
+            sub.sent = HeldVersions((r.name, r.version) for r in reply.resources)
         else:
-            sub.sent.update((r.name, r.version) for r in reply.resources)
+            sent = sub.sent
+            for r in reply.resources:
+                sent[r.name] = r.version
 
 
 class DeltaStream(XdsStream):
@@ -445,6 +479,15 @@ class DeltaStream(XdsStream):
             self._unknown_type(t, req)
             return
         sub, first = self._subscription(t)
+        if (not first and req.response_nonce and req.response_nonce == sub.nonce
+                and not req.resource_names_subscribe and not req.resource_names_unsubscribe
+                and not req.HasField("error_detail")):
+            # An ACK that changes no subscription: the usual request by far (one per
+            # response per stream).
+            self._acked(sub, req.response_nonce, sub.version_sent)
+            if sub.dirty or sub.must_reply:
+                self._wake()
+            return
         subscribe = list(dict.fromkeys(req.resource_names_subscribe))
         unsubscribe = list(dict.fromkeys(req.resource_names_unsubscribe))
         self._check_size(len(sub.names) + len(subscribe), t)
@@ -454,24 +497,66 @@ class DeltaStream(XdsStream):
                 self._log_nack(sub, req.response_nonce, "", req.error_detail.code,
                                req.error_detail.message)
             else:
-                sub.acked_version = sub.version_sent
-                sub.acks += 1
-                if self.info is not None:
-                    self.info.acked(rt.short_name(t), sub.version_sent)
+                self._acked(sub, req.response_nonce, sub.version_sent)
         elif req.response_nonce and req.HasField("error_detail"):
             # A NACK of an older response: still logged and counted.
             self._log_nack(sub, req.response_nonce, "", req.error_detail.code,
                            req.error_detail.message)
         # §2: subscription changes are honoured whatever the nonce.
-        initial = dict(req.initial_resource_versions) if first else None
-        if initial is not None:
-            self._check_size(len(initial), t)
+        initial = self._initial_versions(sub, req, subscribe, unsubscribe) if first else None
         change = sub.apply_delta(subscribe, unsubscribe, initial)
         if change.wildcard_added:
             sub.dirty.update(self.cache.wildcard_names(t))
         self._apply_watches(sub, change)
         if sub.dirty or sub.must_reply:
             self._wake()
+
+    def _initial_versions(self, sub: Subscription, req: discovery_pb2.DeltaDiscoveryRequest,
+                          subscribe: list[str], unsubscribe: list[str]) -> dict[str, str]:
+        """What a reconnecting client says it holds (§2), as far as it can matter: the
+        versions of names it subscribes to (any name, under `*`), at most the name
+        limit of them; a version that is not one of ours is an unknown one (the
+        resource is sent again). The rest is ignored, with one log line: a client
+        cannot make the server hold, or answer about, what it never asked for."""
+        given = req.initial_resource_versions
+        if not given:
+            return {}
+        wildcard = sub.wildcard_capable and (
+            rt.WILDCARD in subscribe or sub.wildcard or (not subscribe and not unsubscribe))
+        kept: dict[str, str] = {}
+        not_versions = 0
+        if wildcard:
+            # `*` covers whatever the client may hold, even what no longer exists.
+            for name, version in given.items():
+                if len(kept) >= self.max_names:
+                    break
+                kept[name] = version
+            not_subscribed, over = 0, len(given) - len(kept)
+        elif sub.type_url == rt.LB_ENDPOINT:
+            # §7: LEDS members are held by the collection subscribed to.
+            collections = set(subscribe)
+            for name, version in given.items():
+                if len(kept) >= self.max_names:
+                    break
+                if collection_of(name) in collections:
+                    kept[name] = version
+            not_subscribed, over = len(given) - len(kept), 0
+        else:
+            for name in subscribe:
+                version = given.get(name)
+                if version is not None and len(kept) < self.max_names:
+                    kept[name] = version
+            not_subscribed, over = len(given) - len(kept), 0
+        for name, version in kept.items():
+            if not _is_version(version):
+                kept[name] = RESEND
+                not_versions += 1
+        if not_subscribed or not_versions or over:
+            log.info("xds initial_resource_versions ignored", node=self.node_id,
+                     peer=self.peer, type=rt.short_name(sub.type_url), given=len(given),
+                     not_subscribed=not_subscribed, not_versions=not_versions,
+                     over_limit=over, limit=self.max_names)
+        return kept
 
     def _unknown_type(self, type_url: str, req: discovery_pb2.DeltaDiscoveryRequest) -> None:
         # §2 has a "does not exist" answer: every name asked for is removed.
@@ -500,8 +585,8 @@ class DeltaStream(XdsStream):
     def _reply(self, sub: Subscription) -> Reply | None:
         return self.cache.delta_reply(sub)
 
-    def _encode(self, reply: Reply, type_url: str, nonce: str) -> bytes:
-        return self._frame(reply.version, reply.resources, reply.removed, type_url, nonce)
+    def _encode(self, reply: Reply, version: str, type_url: str, nonce: str) -> bytes:
+        return self._frame(version, reply.resources, reply.removed, type_url, nonce)
 
     def _record_sent(self, sub: Subscription, reply: Reply) -> None:
         for r in reply.resources:

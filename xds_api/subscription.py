@@ -8,6 +8,7 @@ which names were added and removed, for the stream to (un)watch in the cache.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -25,6 +26,83 @@ RESEND = "\x00resend"
 LEDS_METADATA = "meshbridge.io/leds"
 LEDS_ALWAYS = "always"
 LEDS_NEVER = "never"
+
+# §1.2: a resource version is 24 hex digits of a content hash (96 bits), and what a
+# client holds of a type is versioned by their sum modulo 2^96: the same resources,
+# the same version, on any replica or worker, in any order.
+VERSION_DIGITS = 24
+_VERSION_MASK = (1 << (4 * VERSION_DIGITS)) - 1
+
+
+# Thousands of streams hold the same few versions: each is parsed once, not once per
+# stream and response (bounded: cleared when full).
+_TERMS: dict[str, int] = {}
+_MAX_TERMS = 1 << 16
+
+
+def _term(version: str) -> int:
+    """A version's part of a set's version: its value, or 0 for a marker (ABSENT,
+    RESEND) or a string that is not a version of ours."""
+    term = _TERMS.get(version)
+    if term is None:
+        term = 0
+        if len(version) == VERSION_DIGITS and version.isascii() and version.isalnum():
+            with contextlib.suppress(ValueError):
+                term = int(version, 16)
+        if len(_TERMS) >= _MAX_TERMS:
+            _TERMS.clear()
+        _TERMS[version] = term
+    return term
+
+
+def held_version(versions: Iterable[str]) -> str:
+    """The version of a set of resources, from their content-hash versions (§1.2)."""
+    return f"{sum(map(_term, versions)) & _VERSION_MASK:0{VERSION_DIGITS}x}"
+
+
+class HeldVersions(dict[str, str]):
+    """name -> version of what a client holds of one type, with the sum of the
+    versions kept in step, so that the version of the whole (§1.2) costs what a
+    response changed, not what the client holds (a LEDS client may hold thousands)."""
+
+    __slots__ = ("total",)
+
+    def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
+        super().__init__()
+        self.total = 0
+        self.update(items)
+
+    def __setitem__(self, name: str, version: str) -> None:
+        old = dict.get(self, name)
+        if old is not None:
+            self.total -= _term(old)
+        dict.__setitem__(self, name, version)
+        self.total += _term(version)
+
+    def __delitem__(self, name: str) -> None:
+        self.total -= _term(dict.__getitem__(self, name))
+        dict.__delitem__(self, name)
+
+    def pop(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        if name not in self:
+            return default
+        version = dict.pop(self, name)
+        self.total -= _term(version)
+        return version
+
+    def update(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = (),  # type: ignore[override]
+               ) -> None:
+        pairs = items.items() if isinstance(items, Mapping) else items
+        for name, version in pairs:
+            self[name] = version
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.total = 0
+
+    def version(self) -> str:
+        """§1.2: the version of everything held."""
+        return f"{self.total & _VERSION_MASK:0{VERSION_DIGITS}x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +128,7 @@ class Subscription:
     # go-control-plane's returnedResources: name -> version the client was last sent
     # (SotW), or holds (delta, seeded from initial_resource_versions on reconnect).
     # A name leaving the subscription leaves this map, so asking again resends it.
-    sent: dict[str, str] = field(default_factory=dict)
+    sent: HeldVersions = field(default_factory=HeldVersions)
     # Names to look at on the next reply: newly requested, or changed in the cache.
     dirty: set[str] = field(default_factory=set)
     # §1.8(a): the first request of a type is answered even when nothing exists, so
@@ -71,6 +149,10 @@ class Subscription:
     # the View of each EDS name exactly as a Linkerd context token's nodeName does.
     node_name: str = ""
     last_nack: str = ""
+    # §1.2: the version_info a SotW client's first request presented, until the first
+    # response says whether it held exactly what it is sent (a reconnect recognised
+    # as current, counted).
+    presented: str = ""
     # Which routes the client is sent (Routes §1.2, xDS §3.8): its kind ("envoy" or
     # "grpc", from the node's user agent) and its Kubernetes namespace (node metadata
     # NAMESPACE, else Istio's node id).

@@ -16,7 +16,14 @@ _LEN = 2  # wire type: length-delimited
 _VARINT = 0
 
 
+# Every one-byte varint, encoded: tags, and the lengths of versions and nonces, are
+# nearly always one byte, and this runs several times per response per stream.
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
+
+
 def varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     if value < 0:
         raise ValueError("negative varint")
     out = bytearray()
@@ -43,7 +50,12 @@ def length_delimited_prefix(number: int, size: int) -> bytes:
 
 def string_field(number: int, text: str) -> bytes:
     """A proto3 string field; the empty string is the default and is not encoded."""
-    return length_delimited(number, text.encode()) if text else b""
+    if not text:
+        return b""
+    data = text.encode()
+    if number < 16 and len(data) < 0x80:  # one-byte tag and length: the usual case
+        return _ONE_BYTE[number << 3 | _LEN] + _ONE_BYTE[len(data)] + data
+    return length_delimited(number, data)
 
 
 def uint_field(number: int, value: int) -> bytes:

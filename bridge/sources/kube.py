@@ -44,6 +44,8 @@ from bridge.objects import (
     decode_object,
     tombstone,
 )
+from bridge.routes.index import ROUTE_STORE_KINDS
+from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
@@ -246,9 +248,18 @@ class ApiClient:
     def post_json(self, path: str, body: dict[str, Any], timeout: float = 10.0,
                   ) -> dict[str, Any]:
         """One POST (a TokenReview, say): JSON in, JSON out; ApiError on >= 300."""
+        return self._send("POST", path, body, "application/json", timeout)
+
+    def patch_json(self, path: str, body: dict[str, Any], timeout: float = 10.0,
+                   ) -> dict[str, Any]:
+        """One JSON merge patch (a route's status); ApiError on >= 300 (409: conflict)."""
+        return self._send("PATCH", path, body, "application/merge-patch+json", timeout)
+
+    def _send(self, method: str, path: str, body: dict[str, Any], content_type: str,
+              timeout: float) -> dict[str, Any]:
         resp = self.pool.request(
-            "POST", self.creds.host + path, body=json.dumps(body).encode(),
-            headers={**self.creds.headers, "Content-Type": "application/json"},
+            method, self.creds.host + path, body=json.dumps(body).encode(),
+            headers={**self.creds.headers, "Content-Type": content_type},
             timeout=urllib3.Timeout(connect=5.0, read=timeout))
         try:
             data = json.loads(resp.data) if resp.data else {}
@@ -500,8 +511,8 @@ def _lines(resp: Any) -> Iterator[bytes]:
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  endpoints_api: str = "endpointslices",
-                 credentials: Credentials | None = None, link_namespace: str = "",
-                 kinds: list[KindSpec] | None = None) -> None:
+                 credentials: Credentials | None = None, route_status: bool = True,
+                 link_namespace: str = "", kinds: list[KindSpec] | None = None) -> None:
         if endpoints_api not in ("endpointslices", "endpoints"):
             raise ValueError(f"--endpoints-api {endpoints_api!r}: endpointslices or endpoints")
         self.name = "kube"
@@ -513,6 +524,9 @@ class KubeSource:
         # What to watch instead of what serving needs (a controller that reads less).
         self.kinds = kinds
         self._credentials = credentials
+        # --route-status: write each route's status.parents entries (Routes §6).
+        self.route_status = route_status
+        self.status_writer: RouteStatusWriter | None = None
         self.watchers: list[KindWatcher] = []
         self._metrics: prometheus_client.CollectorRegistry | None = None
 
@@ -545,12 +559,30 @@ class KubeSource:
                  kinds=[s.kind for s in specs])
         for w in self.watchers:
             w.start()
+        writer_task: asyncio.Task[None] | None = None
+        # Statuses are written only for routes this source watches (a source told to
+        # watch other kinds, as a linked cluster's or the mirror's, writes none).
+        if self.route_status and any(s.kind in ROUTE_STORE_KINDS for s in specs):
+            self.status_writer = RouteStatusWriter(
+                client, cluster, {k: KINDS[k].path for k in ROUTE_STORE_KINDS})
+
+            async def write_after_sync(writer: RouteStatusWriter) -> None:
+                await synced.wait()  # statuses from the whole initial list, not a part
+                await writer.run()
+
+            writer_task = asyncio.create_task(write_after_sync(self.status_writer))
         try:
             await handoff.failed  # runs until cancelled, or an apply raises
         finally:
             handoff.closed = True
             for w in self.watchers:
                 w.stop()
+            if writer_task is not None:
+                writer_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer_task
+            if self.status_writer is not None:
+                self.status_writer.close()
 
     def _lag_histogram(self, spec: KindSpec) -> prometheus_client.Histogram | None:
         return None if self._metrics is None else lag_histogram(self._metrics, spec)

@@ -287,6 +287,26 @@ def service_policy(cluster: Cluster, config: MeshConfig, target: ServiceTarget,
     return ob.OutboundPolicy(metadata=_service_meta(key, port), protocol=protocol)
 
 
+def left_out(routes: PortRoutes | None, source_ns: str, semantics: str) -> list[str]:
+    """What a proxy in `source_ns` is not told of the port's routes (Routes §5.2)."""
+    table = _table_for(routes, source_ns, semantics == LINKERD_2_20)
+    if table is None:
+        return []
+    out = []
+    for route in table.routes:
+        if semantics == LINKERD_2_20 and route.linkerd_2_20_drops:
+            out.append(f"{route.ref.label}: the whole route ({route.linkerd_2_20_drops}, "
+                       "Linkerd 2.20 leaves it out)")
+            continue
+        for rule in route.rules:
+            spec = rule.rule
+            if spec.rewrite is not None:
+                out.append(f"{rule.label}: URLRewrite (the proxy has no rewrite)")
+            if spec.mirrors:
+                out.append(f"{rule.label}: RequestMirror (the proxy does not mirror)")
+    return out
+
+
 def _table_for(routes: PortRoutes | None, source_ns: str,
                linkerd_2_20: bool) -> RouteTable | None:
     """The client namespace's table. Linkerd 2.20 gives a consumer namespace the

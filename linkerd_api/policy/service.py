@@ -26,15 +26,19 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 
 from bridge.cluster import ClusterChange, ListenerStage
+from bridge.model import ServiceKey
 from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS
 from bridge.routes.index import route_index
+from bridge.routes.text import RouteRow
 from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import DEFAULT_CLUSTER_NETWORKS, Network, UnknownTarget
+from linkerd_api.policy.text import policy_rows
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
 from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
+from meshbridge.writes import NowaitWriter, nowait_writer
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
@@ -124,13 +128,16 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     server.add_generic_rpc_handlers(service.handlers())
     host.on_stop(service.stop)
     host.keep("policy", service)
+    host.add_route_renderer("linkerd", service.render_routes)
 
 
 class PolicyStream:
     """One Watch/WatchPort stream: how to compute its policy, and the newest one not
-    yet written."""
+    yet written. A new policy is written at once, without waking the stream's task,
+    when the server can take it now (meshbridge.writes) and nothing is in flight."""
 
-    __slots__ = ("compute", "ended", "last", "pending", "wake", "wants")
+    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "wake", "wants",
+                 "write_now", "writing")
 
     def __init__(self, compute: Callable[[], bytes],
                  wants: Callable[[ClusterChange], bool]) -> None:
@@ -140,15 +147,23 @@ class PolicyStream:
         self.pending: bytes | None = None
         self.ended = False
         self.wake = asyncio.Event()
+        self.write_now: NowaitWriter = nowait_writer(None)
+        self.on_sent: Callable[[bytes], None] = lambda _message: None
+        self.writing = False  # the task is awaiting a write: keep the order
 
     def refresh(self) -> None:
         try:
             message = self.compute()
         except UnknownTarget:
             return  # the target went away: keep the last policy, as Linkerd's index does
-        if message != self.last:
-            self.last = self.pending = message
-            self.wake.set()
+        if message == self.last:
+            return
+        self.last = message
+        if self.pending is None and not self.writing and self.write_now(message):
+            self.on_sent(message)
+            return
+        self.pending = message
+        self.wake.set()
 
     def end(self) -> None:
         self.ended = True
@@ -212,7 +227,8 @@ class PolicyService:
             self.cluster.remove_listener(self._on_change)
 
     def _on_change(self, change: ClusterChange) -> None:
-        self._encoded.clear()
+        if _outbound_change(change):
+            self._encoded.clear()
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
@@ -260,12 +276,23 @@ class PolicyService:
             return self._service_policy(service_target, client_ns)
 
         def wants(change: ClusterChange) -> bool:
-            # Any Service: a route's backend may be another Service appearing or going.
-            return bool(change.all_services or change.kinds & ROUTE_KINDS
-                        or change.services or change.namespaces)
+            return _outbound_change(change)
 
         compute()  # a Service that vanished between lookup and now is still served
         return compute, wants
+
+    def render_routes(self, service: ServiceKey, port: int,
+                      client_ns: str) -> tuple[list[RouteRow], list[str]]:
+        """The port's policy as a proxy in `client_ns` is told it, as route-table rows,
+        and what it is not told (for /debug/endpoints)."""
+        svc = self.cluster.services.get(service)
+        if svc is None:
+            return [], []
+        target = outbound.ServiceTarget(service, port, svc.port(port) is not None)
+        policy = ob.OutboundPolicy.FromString(self._service_policy(target, client_ns))
+        _, rows = policy_rows(policy)
+        return rows, outbound.left_out(self.routes.port(service, port), client_ns,
+                                       self.semantics)
 
     def _service_policy(self, target: outbound.ServiceTarget, client_ns: str) -> bytes:
         """The encoded policy, shared by every stream of the same target whose client
@@ -364,11 +391,21 @@ class PolicyService:
         gauge = self.open_streams.labels(method)
         gauge.inc()
         sent = 0
+
+        def on_sent(message: bytes) -> None:
+            nonlocal sent
+            sent += 1
+            info.sent(target, str(sent), "", len(message))
+
+        stream.on_sent = on_sent
+        stream.write_now = nowait_writer(context)
         try:
             while (message := await stream.next()) is not None:
-                await context.write(message)
-                sent += 1
-                info.sent(target, str(sent), "", len(message))
+                stream.writing = True
+                if not stream.write_now(message):
+                    await context.write(message)
+                stream.writing = False
+                on_sent(message)
         finally:
             gauge.dec()
             self.streams.discard(stream)
@@ -385,6 +422,14 @@ class PolicyService:
             log.warning("policy request refused", method=method, peer=context.peer(),
                         code=code.name, reason=str(error))
         await context.abort(code, str(error))
+
+
+def _outbound_change(change: ClusterChange) -> bool:
+    """Whether a change may change an outbound policy: a route, or a Service object
+    (its ports and annotations, or its coming and going as a route's backend). An
+    endpoint change is not one: a policy names its backends, not their endpoints."""
+    return bool(change.all_services or change.kinds & ROUTE_KINDS
+                or change.service_objects or change.namespaces)
 
 
 M = TypeVar("M", bound=Message)

@@ -2,9 +2,10 @@
 
     GRPC_XDS_BOOTSTRAP_CONFIG=... python grpc_xds_probe.py xds:///<authority>
 
-Reads `call N` lines on stdin; for each, makes N unary calls to
-/meshbridge.test.Echo/Who and prints one JSON line: which backend answered how many
-times, and the status codes of the calls that failed.
+Reads `call N [METHOD [KEY=VALUE...]]` lines on stdin; for each, makes N unary calls
+(to /meshbridge.test.Echo/<METHOD>, `Who` by default, with the given metadata) and
+prints one JSON line: which backend answered how many times, and the status codes of
+the calls that failed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ METHOD = "/meshbridge.test.Echo/Who"
 def main() -> int:
     target = sys.argv[1]
     with grpc.insecure_channel(target) as channel:
-        who = channel.unary_unary(METHOD)
         for line in sys.stdin:
             words = line.split()
             if not words:
@@ -28,11 +28,15 @@ def main() -> int:
             if words[0] != "call":
                 print(json.dumps({"error": f"unknown command {line!r}"}), flush=True)
                 continue
+            method = METHOD.rsplit("/", 1)[0] + "/" + (words[2] if len(words) > 2 else "Who")
+            metadata = [tuple(w.split("=", 1)) for w in words[3:]]
+            call = channel.unary_unary(method)
             backends: dict[str, int] = {}
             errors: dict[str, int] = {}
             for _ in range(int(words[1])):
                 try:
-                    name = who(b"", timeout=10, wait_for_ready=True).decode()
+                    name = call(b"", timeout=10, wait_for_ready=True,
+                                metadata=metadata or None).decode()
                     backends[name] = backends.get(name, 0) + 1
                 except grpc.RpcError as e:
                     code = e.code().name

@@ -122,9 +122,13 @@ def apply_crds(kube: KubeAPIServer, path: Path) -> list[str]:
 class Istiod:
     """pilot-discovery against one kube-apiserver, on 127.0.0.1 only."""
 
-    def __init__(self, kube: KubeAPIServer, startup_timeout: float = 120.0) -> None:
+    def __init__(self, kube: KubeAPIServer, startup_timeout: float = 120.0,
+                 gateway_api: bool = False) -> None:
         self.kube = kube
         self.startup_timeout = startup_timeout
+        # Install the Gateway API's CRDs and let istiod read routes (mesh routes only:
+        # no status writing, no gateway deployments).
+        self.gateway_api = gateway_api
         self.grpc_port = self.http_port = self.monitoring_port = 0
         self.workdir: Path | None = None
         self.log_path = Path()
@@ -142,6 +146,8 @@ class Istiod:
     def start(self) -> None:
         found = istiod_dir()
         apply_crds(self.kube, found / "crd-all.gen.yaml")
+        if self.gateway_api:
+            apply_crds(self.kube, found / "gateway-api-crds.yaml")
         api = config.new_client_from_config(str(self.kube.kubeconfig_path))
         try:
             with contextlib.suppress(client.ApiException):  # 409: it exists already
@@ -165,7 +171,7 @@ class Istiod:
             # No webhooks to patch, no Gateway API controller (its CRDs are absent).
             "INJECTION_WEBHOOK_CONFIG_NAME": "",
             "VALIDATION_WEBHOOK_CONFIG_NAME": "",
-            "PILOT_ENABLE_GATEWAY_API": "false",
+            "PILOT_ENABLE_GATEWAY_API": "true" if self.gateway_api else "false",
             "PILOT_ENABLE_GATEWAY_API_STATUS": "false",
             "PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER": "false",
             "PILOT_ENABLE_ALPHA_GATEWAY_API": "false",

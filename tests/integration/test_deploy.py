@@ -16,6 +16,7 @@ from kubernetes import client, config, dynamic, utils
 from kubernetes.client.rest import ApiException
 
 from bridge.cluster import Cluster
+from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources.kube import KINDS, POLICY_KINDS, KubeSource, watched_kinds
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
@@ -96,6 +97,10 @@ def test_the_cluster_role_grants_exactly_what_the_kube_source_watches() -> None:
         for verb in ("get", "list", "watch")
     }
     needed.add(("authentication.k8s.io", "tokenreviews", "create"))  # identity's TokenReview
+    # --route-status patches the status subresource of the route kinds, nothing more.
+    needed |= {(*group_and_resource(KINDS[k].path)[:1],
+                group_and_resource(KINDS[k].path)[1] + "/status", "patch")
+               for k in ROUTE_STORE_KINDS}
     assert granted == needed
     assert {s.kind for s in watched_kinds("endpoints")} | {"EndpointSlice"} == set(KINDS)
 

@@ -47,3 +47,45 @@ async def test_policy_and_rds_print_the_same_route_table(demo_dir: Path,
     code, plain, _ = await cli("policy", "catalog.shop:80", "--server", server,
                                "--count", "1")
     assert code == 0 and "1. prefix / -> catalog.shop.svc.cluster.local:80" in plain
+
+
+async def test_debug_endpoints_shows_the_routes_of_each_client_kind_side_by_side(
+        demo_dir: Path, make_app: AppFactory) -> None:
+    import json
+    import urllib.request
+
+    (demo_dir / "60-mirror.yaml").write_text(json.dumps({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "mirror", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "catalog",
+                                 "port": 80}],
+                 "rules": [{"filters": [{"type": "RequestMirror", "requestMirror": {
+                     "backendRef": {"name": "search", "port": 80}}}],
+                            "backendRefs": [{"name": "catalog", "port": 80}]}]}}))
+    app: App = await make_app(demo_dir)
+
+    def fetch(authority: str, fmt: str) -> str:
+        url = (f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={authority}"
+               f"&format={fmt}")
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return str(resp.read().decode())
+
+    async def get(authority: str, fmt: str = "json") -> str:
+        return await asyncio.to_thread(fetch, authority, fmt)  # the server shares this loop
+
+    doc = json.loads(await get("web.emojivoto.svc.cluster.local:80"))
+    routes = doc["routes"]
+    assert sorted(routes) == ["envoy", "grpc", "linkerd"]
+    for kind in routes.values():
+        ((row,),) = [kind["rows"]]
+        assert row["to"] == ("web.emojivoto.svc.cluster.local:80 90, "
+                             "web-canary.emojivoto.svc.cluster.local:80 10")
+        assert kind["left_out"] == []
+    # A mirror: Envoy is told it, gRPC and Linkerd are not, and the page says so.
+    routes = json.loads(await get("catalog.shop.svc.cluster.local:80"))["routes"]
+    assert any(n.startswith("mirror search.shop") for n in routes["envoy"]["rows"][0]["notes"])
+    assert routes["envoy"]["left_out"] == []
+    assert any("RequestMirror" in x for x in routes["grpc"]["left_out"])
+    assert any("RequestMirror" in x for x in routes["linkerd"]["left_out"])
+    page = await get("catalog.shop.svc.cluster.local:80", "html")
+    assert 'id="routes"' in page and "not told to a client kind" in page

@@ -92,3 +92,28 @@ def test_serve_refuses_a_folder_with_nothing_to_serve_in_one_line(
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1 and str(root) in lines[0], lines
     assert "serving" not in lines[0]
+
+
+def test_serve_on_uvloop_answers_an_xds_client_and_exits_cleanly_on_sigterm() -> None:
+    grpc_port, admin_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshbridge.cli", "serve", "--event-loop", "uvloop",
+         "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        eventually_sync(lambda: ready(admin_port), 90, "/ready never answered 200")
+        got = subprocess.run(
+            [sys.executable, "-m", "meshbridge.cli", "xds", "catalog.shop.svc.cluster.local:80",
+             "--server", f"127.0.0.1:{grpc_port}", "--json", "--count", "1"],
+            capture_output=True, text=True, timeout=60)
+        assert got.returncode == 0, got.stderr
+        assert '"address": "10.244.1.20"' in got.stdout
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0

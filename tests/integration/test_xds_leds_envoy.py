@@ -177,7 +177,9 @@ async def test_one_endpoint_change_is_one_small_leds_response(
         eds_sizes = [(await eds.read(5)).ByteSize() for _ in range(2)]
         leds_sizes = [size for _, size in leds.sizes[base:base + 2]]
         print("bytes per change: LEDS", leds_sizes, "delta EDS", eds_sizes)
-        assert all(size < 400 for size in leds_sizes)
+        # One member and the response's framing, whose version (xDS §1.2: 24 hex
+        # digits of content hash) is a tenth of it.
+        assert all(size < 450 for size in leds_sizes)
         assert all(size > 2 * max(leds_sizes) for size in eds_sizes)
 
 

@@ -57,9 +57,10 @@ class Probe:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
 
-    async def call(self, n: int) -> dict[str, Any]:
+    async def call(self, n: int, method: str = "Who", *metadata: str) -> dict[str, Any]:
+        """n calls of /meshbridge.test.Echo/<method>, with KEY=VALUE metadata."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"call {n}\n".encode())
+        self.proc.stdin.write(f"call {n} {method} {' '.join(metadata)}\n".encode())
         await self.proc.stdin.drain()
         line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
         if not line:

@@ -346,3 +346,34 @@ def test_linkerd_2_20_drops_a_route_it_cannot_convert_and_the_spec_keeps_it(
     assert route.metadata.resource.name == "m"
     (route,) = linkerd(cluster, semantics="linkerd-2.20").protocol.detect.http1.routes
     assert route.metadata.default == "http"
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_status_says_accepted_resolved_conflicted_or_no_parent(cluster: Cluster) -> None:
+    from bridge.routes.status import route_status
+
+    load(cluster,
+         http_route("ok", to(("web", 1), ("gone", 1))),
+         http_route("g", {"matches": [{"method": {"service": "s"}}],
+                          "backendRefs": [{"name": "web", "port": 80}]}, kind="GRPCRoute"),
+         http_route("orphan", to(("web", 1)), parent="nowhere"),
+         http_route("wrong-port", to(("web", 1)), port=8080))
+    index = route_index(cluster)
+
+    def conditions(name: str, kind: str = "GatewayHTTPRoute") -> dict[str, tuple[bool, str]]:
+        [route] = [r for r in cluster.objects(kind) if isinstance(r, Route)
+                   and r.meta.name == name]
+        (status,) = route_status(route, cluster.services.get, index.port)
+        return {c.type: (c.status, c.reason) for c in status.conditions}
+
+    assert conditions("ok") == {"Accepted": (False, "Conflicted"),
+                                "ResolvedRefs": (True, "ResolvedRefs")}
+    assert conditions("g", "GRPCRoute") == {"Accepted": (True, "Accepted"),
+                                            "ResolvedRefs": (True, "ResolvedRefs")}
+    assert conditions("orphan")["Accepted"] == (False, "NoMatchingParent")
+    assert conditions("wrong-port")["Accepted"] == (False, "NoMatchingParent")
+    delete(cluster, http_route("g", kind="GRPCRoute"))
+    assert conditions("ok") == {"Accepted": (True, "Accepted"),
+                                "ResolvedRefs": (False, "BackendNotFound")}

@@ -294,7 +294,7 @@ class LedsCache:
             sub.leds_synced[collection] = (state, state.version)
         if not send and not removed and not sub.must_reply:
             return None
-        return Reply(rt.LB_ENDPOINT, self.version(), tuple(send), tuple(removed))
+        return Reply(rt.LB_ENDPOINT, tuple(send), tuple(removed))
 
     @staticmethod
     def _held(sub: Subscription, collections: set[str]) -> dict[str, list[str]]:

@@ -34,6 +34,8 @@ from xds_api.subscription import Subscription
 
 log = structlog.get_logger("meshbridge.xds.routes")
 
+# A subscription's client kind (its node's, xds_api.node_identity) as a ClientKind.
+_KINDS = {kind.value: kind for kind in ClientKind}
 # (name, client kind, table group: "" for the producer's or a consumer namespace)
 VariantKey = tuple[str, ClientKind, str]
 
@@ -65,8 +67,7 @@ class RouteCache:
         return self.variant(name, ClientKind.ENVOY, "")
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
-        return self.variant(name, ClientKind.GRPC if sub.client == ClientKind.GRPC.value
-                            else ClientKind.ENVOY, sub.namespace)
+        return self.variant(name, _KINDS.get(sub.client, ClientKind.ENVOY), sub.namespace)
 
     def variant(self, name: str, client: ClientKind,
                 client_namespace: str) -> EncodedResource | None:
@@ -95,6 +96,17 @@ class RouteCache:
         for item in left_out:
             self._log_once(client, item)
         return res
+
+    def left_out_of(self, name: str, client: ClientKind,
+                    client_namespace: str) -> tuple[Unrepresentable, ...]:
+        """What `variant(name, client, client_namespace)` could not tell that client."""
+        entry = self.ports.entries.get(name)
+        if entry is None or self.variant(name, client, client_namespace) is None:
+            return ()
+        port_routes = self.routes.port(entry.key.service, entry.key.port)
+        group = (client_namespace if port_routes is not None
+                 and client_namespace in port_routes.consumers else "")
+        return self.left_out.get((name, client, group), ())
 
     def _log_once(self, client: ClientKind, item: Unrepresentable) -> None:
         key = (client, item.route, item.what)

@@ -36,7 +36,6 @@ class Reply:
     """What one response of one type carries; the stream adds nonce and framing."""
 
     type_url: str
-    version: str
     resources: tuple[EncodedResource, ...]
     removed: tuple[str, ...] = ()
 
@@ -48,7 +47,9 @@ class TypeCache(Protocol):
     # §1.6: in SotW, every response of this type carries the whole subscribed set.
     full_state: bool
 
-    def version(self) -> str: ...
+    def version(self) -> str:
+        """How often the type changed in this process (tests and debugging; a
+        response's version is content-derived, §1.2)."""
 
     def get(self, name: str, node_name: str = "") -> EncodedResource | None:
         """The resource as it is now, or None if it does not exist."""
@@ -72,8 +73,9 @@ class TypeCache(Protocol):
 
 
 class Version:
-    """A type's version: per type and per server (§1.2). The server's prefix keeps a
-    reconnecting client's old version from matching a new one."""
+    """A type's change count in this process, prefixed by the process's id. Never on
+    the wire: what a response carries is the content-derived version of what the
+    client holds (§1.2), equal on every replica."""
 
     __slots__ = ("_count", "_prefix")
 
@@ -135,7 +137,7 @@ def sotw_reply(cache: TypeCache, sub: Subscription) -> Reply | None:
                 current[name] = res
         if not sub.must_reply and {n: r.version for n, r in current.items()} == sub.sent:
             return None
-        return Reply(t, cache.version(), tuple(current[n] for n in sorted(current)))
+        return Reply(t, tuple(current[n] for n in sorted(current)))
     # §1.6: EDS/RDS responses carry only what changed or was newly asked for.
     due = []
     for name in sorted(sub.dirty & sub.names):
@@ -144,7 +146,7 @@ def sotw_reply(cache: TypeCache, sub: Subscription) -> Reply | None:
             due.append(res)
     if not due and not sub.must_reply:
         return None
-    return Reply(t, cache.version(), tuple(due))
+    return Reply(t, tuple(due))
 
 
 def delta_reply(cache: TypeCache, sub: Subscription) -> Reply | None:
@@ -168,4 +170,4 @@ def delta_reply(cache: TypeCache, sub: Subscription) -> Reply | None:
             removed.append(name)
     if not send and not removed and not sub.must_reply:
         return None
-    return Reply(cache.type_url, cache.version(), tuple(send), tuple(removed))
+    return Reply(cache.type_url, tuple(send), tuple(removed))
