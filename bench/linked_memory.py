@@ -139,8 +139,7 @@ def reading(mode: str, kubeconfig: str, wanted: list[str]) -> dict[str, Any]:
         [sys.executable, "-m", "bench.linked_memory", "--child", mode, "--kubeconfig",
          kubeconfig, "--wanted", ",".join(wanted)],
         stdout=subprocess.PIPE, text=True, check=True)
-    # The child's own log lines come first; its reading is the last line.
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout)
     return result
 
 
@@ -206,6 +205,9 @@ def main() -> None:
     p.add_argument("--kubeconfig", help=argparse.SUPPRESS)
     p.add_argument("--wanted", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
+    from meshbridge.log import configure_logging
+
+    configure_logging("console", "warning")  # stdout is the JSON
     if args.child:
         result = asyncio.run(_reading(args.child, args.kubeconfig,
                                       [w for w in args.wanted.split(",") if w]))

@@ -129,6 +129,9 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    from meshbridge.log import configure_logging
+
+    configure_logging("console", "warning")  # stdout is the JSON
     runs = [asyncio.run(one_run(args.flips)) for _ in range(args.runs)]
     rows = [row("federated service, a pod unready in either cluster",
                 f"write to {who} has it (median of {args.flips} flips)",
