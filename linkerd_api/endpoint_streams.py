@@ -75,9 +75,7 @@ class UpdateEncoder:
             member = merged.member_in(member_cluster)
             if member is not None:
                 service = member.service
-                if member.cluster:
-                    linked = self.views.linked.get(member.cluster)
-                    cluster = linked[0].cluster if linked is not None else cluster
+                cluster = self.views.cluster_named(member.cluster) or cluster
         stamp = cluster.slice_stamps.get(service, 0)
         known = self._set_labels.setdefault(view, {})
         hit = known.get(member_cluster)
