@@ -49,12 +49,11 @@ def measure(endpoints: int, changes: int) -> dict[str, float]:
     registry = ViewRegistry(cluster, config)
     cluster.apply(Event(EventType.ADDED, o) for o in sim.initial_objects())
     key = ViewKey(ServiceKey("ns-0", "svc-0"), 8080)
-    name = key.authority(config.cluster_domain)
     rec = _Recorder()
     view = registry.subscribe(key, rec, "bench")
-    encoder = UpdateEncoder(cluster, Translator(config), "proto")
+    encoder = UpdateEncoder(Translator(config), "proto")
     cache = ResourceCache(cluster, registry, config.cluster_domain)
-    cache.cla_of(view, name)  # the first version, as a subscriber would have it
+    cache.cla_of(view)  # the first version, as a subscriber would have it
     core, get, cla = [], [], []
     svc = sim.services[0]
     for i in range(changes):
@@ -64,7 +63,7 @@ def measure(endpoints: int, changes: int) -> dict[str, float]:
         t1 = time.perf_counter_ns()
         encoder.diff(view, rec.change)
         t2 = time.perf_counter_ns()
-        cache.cla_of(view, name)
+        cache.cla_of(view)
         t3 = time.perf_counter_ns()
         core.append(t1 - t0)
         get.append(t2 - t1)

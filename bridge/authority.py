@@ -38,6 +38,12 @@ def format_authority(service: ServiceKey, port: int, cluster_domain: str,
     return f"{host}:{port}"
 
 
+def view_authority(key: ViewKey, cluster_domain: str) -> str:
+    """The one name of a View: its service port, and its StatefulSet pod if it names
+    one (the subscriber's node is no part of a name)."""
+    return format_authority(key.service, key.port, cluster_domain, key.filter.hostname)
+
+
 def split_authority(authority: str, default_port: int | None = 80) -> tuple[str, int]:
     """Split an authority's `host[:port]` (IPv6 hosts in brackets); the port must be
     1..65535. A listen address (`:8086`, port 0) is not an authority."""

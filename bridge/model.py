@@ -52,13 +52,6 @@ class ViewKey:
     port: int
     filter: FilterKey = field(default_factory=FilterKey)
 
-    def authority(self, cluster_domain: str) -> str:
-        """The one name of this View (`bridge.authority.format_authority`)."""
-        # bridge.authority reads this module's types, so it is imported here, not above.
-        from bridge.authority import format_authority
-
-        return format_authority(self.service, self.port, cluster_domain, self.filter.hostname)
-
 
 @dataclass(frozen=True, slots=True, order=True)
 class EndpointId:
@@ -148,6 +141,20 @@ class ResolvedEndpoint:
         return self.endpoint.id
 
 
+LOCAL_CLUSTER = "local"  # the name Linkerd gives the cluster it runs in (its metrics' label)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterIdentity:
+    """Which cluster a Cluster's objects come from: its name (`local` for the one the
+    process runs in, a link's name for another), the DNS domain of its services and
+    the trust domain of its workloads' identities."""
+
+    name: str = LOCAL_CLUSTER
+    domain: str = "cluster.local"
+    trust_domain: str = "cluster.local"
+
+
 @dataclass(frozen=True, slots=True)
 class MeshConfig:
     """The knobs that shape enrichment, named after Linkerd's controller flags."""
@@ -166,3 +173,7 @@ class MeshConfig:
     meshed_http2_params: Mapping[str, Any] | None = field(
         default_factory=lambda: DEFAULT_MESHED_HTTP2_PARAMS
     )
+
+    def local_cluster(self) -> ClusterIdentity:
+        """The identity of the cluster the process runs in, as these flags name it."""
+        return ClusterIdentity(LOCAL_CLUSTER, self.cluster_domain, self.trust_domain)

@@ -3,8 +3,8 @@ into frozen values like every other kind (bridge.objects).
 
 Protocol neutral: these say what the objects mean (which Service port a route is
 attached to, which clients an authorization admits), not how any API encodes it.
-`bridge.objects` registers `DECODERS` and `TOMBSTONES` with its own, so every source
-decodes these kinds without knowing of them.
+Its `KINDS` join the core's in `bridge.objects`' kind registry (`bridge.kinds`), so
+every source decodes these kinds without knowing of them.
 
 Store kinds: the Gateway API's HTTPRoute is kept as "GatewayHTTPRoute" because
 Linkerd's own policy.linkerd.io HTTPRoute has the same kind name, and the cache keys
@@ -14,19 +14,26 @@ objects by (kind, namespace, name).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Imported first, this module has bridge.objects import it back (partly initialised,
-# which is enough: bridge.objects reads this module's names only when it decodes).
-from bridge import objects as _o
-from bridge.objects import Labels, Meta, ObjectError
+from bridge.decoding import (
+    Labels,
+    Meta,
+    ObjectError,
+    as_bool,
+    as_list,
+    as_map,
+    as_str,
+    as_str_map,
+    decode_meta,
+)
+from bridge.kinds import Kind
 from bridge.routes.objects import (  # the route values, re-exported
     GATEWAY_GROUP,
     LINKERD_POLICY_GROUP,
-    ROUTE_DECODERS,
-    ROUTE_TOMBSTONES,
+    ROUTE_KINDS_DECODED,
     BackendRef,
     GrpcMatch,
     HttpMatch,
@@ -35,6 +42,9 @@ from bridge.routes.objects import (  # the route values, re-exported
     RouteRule,
     ValueMatch,
 )
+
+if TYPE_CHECKING:
+    from bridge.objects import Server
 
 __all__ = ["GATEWAY_GROUP", "LINKERD_POLICY_GROUP", "BackendRef", "GrpcMatch", "HttpMatch",
            "ParentRef", "Route", "RouteRule", "ValueMatch"]
@@ -83,7 +93,7 @@ class ServerAuthorization:
     service_accounts: tuple[tuple[str, str], ...]  # (namespace or "", name)
     kind: str = "ServerAuthorization"
 
-    def selects(self, server: _o.Server) -> bool:
+    def selects(self, server: Server) -> bool:
         if self.server_name:
             return self.server_name == server.meta.name
         if self.server_selector is None:
@@ -122,17 +132,17 @@ POLICY_KINDS = ROUTE_KINDS | AUTH_KINDS
 
 
 def _ctx(raw: Mapping[str, Any], kind: str) -> tuple[Meta, str, Mapping[str, Any]]:
-    meta = _o._meta(raw, kind, True)
+    meta = decode_meta(raw, kind, True)
     n = f"{meta.namespace}/{meta.name}"
-    return meta, n, _o._map(raw.get("spec"), kind, n, "spec")
+    return meta, n, as_map(raw.get("spec"), kind, n, "spec")
 
 
 def _ref(raw: Any, kind: str, n: str, path: str, group: str = "") -> ObjectRef:
-    r = _o._map(raw, kind, n, path)
-    return ObjectRef(_o._str(r.get("group"), kind, n, f"{path}.group", group),
-                     _o._str(r.get("kind"), kind, n, f"{path}.kind"),
-                     _o._str(r.get("name"), kind, n, f"{path}.name"),
-                     _o._str(r.get("namespace"), kind, n, f"{path}.namespace"))
+    r = as_map(raw, kind, n, path)
+    return ObjectRef(as_str(r.get("group"), kind, n, f"{path}.group", group),
+                     as_str(r.get("kind"), kind, n, f"{path}.kind"),
+                     as_str(r.get("name"), kind, n, f"{path}.name"),
+                     as_str(r.get("namespace"), kind, n, f"{path}.namespace"))
 
 
 def _decode_authorization_policy(raw: Mapping[str, Any]) -> AuthorizationPolicy:
@@ -143,13 +153,13 @@ def _decode_authorization_policy(raw: Mapping[str, Any]) -> AuthorizationPolicy:
         raise ObjectError(kind, n, "spec.targetRef.kind is missing")
     required = tuple(
         _ref(r, kind, n, f"spec.requiredAuthenticationRefs[{i}]")
-        for i, r in enumerate(_o._list(spec.get("requiredAuthenticationRefs"), kind, n,
+        for i, r in enumerate(as_list(spec.get("requiredAuthenticationRefs"), kind, n,
                                        "spec.requiredAuthenticationRefs")))
     return AuthorizationPolicy(meta, target, required)
 
 
 def _cidr(raw: Any, kind: str, n: str, path: str) -> str:
-    text = _o._str(raw, kind, n, path)
+    text = as_str(raw, kind, n, path)
     try:
         return str(ipaddress.ip_network(text, strict=False))
     except ValueError:
@@ -158,45 +168,45 @@ def _cidr(raw: Any, kind: str, n: str, path: str) -> str:
 
 def _networks(raw: Any, kind: str, n: str, path: str) -> tuple[NetworkRule, ...]:
     out = []
-    for i, net in enumerate(_o._list(raw, kind, n, path)):
-        net = _o._map(net, kind, n, f"{path}[{i}]")
+    for i, net in enumerate(as_list(raw, kind, n, path)):
+        net = as_map(net, kind, n, f"{path}[{i}]")
         out.append(NetworkRule(
             _cidr(net.get("cidr"), kind, n, f"{path}[{i}].cidr"),
             tuple(_cidr(e, kind, n, f"{path}[{i}].except")
-                  for e in _o._list(net.get("except"), kind, n, f"{path}[{i}].except"))))
+                  for e in as_list(net.get("except"), kind, n, f"{path}[{i}].except"))))
     return tuple(out)
 
 
 def _decode_server_authorization(raw: Mapping[str, Any]) -> ServerAuthorization:
     kind = "ServerAuthorization"
     meta, n, spec = _ctx(raw, kind)
-    server = _o._map(spec.get("server"), kind, n, "spec.server")
+    server = as_map(spec.get("server"), kind, n, "spec.server")
     selector: dict[str, str] | None = None
     if server.get("selector") is not None:
-        selector = _o._str_map(
-            _o._map(server.get("selector"), kind, n, "spec.server.selector").get("matchLabels"),
+        selector = as_str_map(
+            as_map(server.get("selector"), kind, n, "spec.server.selector").get("matchLabels"),
             kind, n, "spec.server.selector.matchLabels")
-    name = _o._str(server.get("name"), kind, n, "spec.server.name")
+    name = as_str(server.get("name"), kind, n, "spec.server.name")
     if not name and selector is None:
         raise ObjectError(kind, n, "spec.server needs a name or a selector")
-    client = _o._map(spec.get("client"), kind, n, "spec.client")
+    client = as_map(spec.get("client"), kind, n, "spec.client")
     mtls_raw = client.get("meshTLS")
-    mtls = _o._map(mtls_raw, kind, n, "spec.client.meshTLS")
+    mtls = as_map(mtls_raw, kind, n, "spec.client.meshTLS")
     accounts = []
-    for i, sa in enumerate(_o._list(mtls.get("serviceAccounts"), kind, n,
+    for i, sa in enumerate(as_list(mtls.get("serviceAccounts"), kind, n,
                                     "spec.client.meshTLS.serviceAccounts")):
-        sa = _o._map(sa, kind, n, f"spec.client.meshTLS.serviceAccounts[{i}]")
-        accounts.append((_o._str(sa.get("namespace"), kind, n, "serviceAccounts.namespace"),
-                         _o._str(sa.get("name"), kind, n, "serviceAccounts.name")))
+        sa = as_map(sa, kind, n, f"spec.client.meshTLS.serviceAccounts[{i}]")
+        accounts.append((as_str(sa.get("namespace"), kind, n, "serviceAccounts.namespace"),
+                         as_str(sa.get("name"), kind, n, "serviceAccounts.name")))
     return ServerAuthorization(
         meta, name, selector,
         _networks(client.get("networks"), kind, n, "spec.client.networks"),
-        _o._bool(client.get("unauthenticated"), kind, n, "spec.client.unauthenticated", False),
+        as_bool(client.get("unauthenticated"), kind, n, "spec.client.unauthenticated", False),
         mtls_raw is not None,
-        _o._bool(mtls.get("unauthenticatedTLS"), kind, n,
+        as_bool(mtls.get("unauthenticatedTLS"), kind, n,
                  "spec.client.meshTLS.unauthenticatedTLS", False),
-        tuple(_o._str(i, kind, n, "spec.client.meshTLS.identities")
-              for i in _o._list(mtls.get("identities"), kind, n,
+        tuple(as_str(i, kind, n, "spec.client.meshTLS.identities")
+              for i in as_list(mtls.get("identities"), kind, n,
                                 "spec.client.meshTLS.identities")),
         tuple(accounts))
 
@@ -204,10 +214,10 @@ def _decode_server_authorization(raw: Mapping[str, Any]) -> ServerAuthorization:
 def _decode_meshtls(raw: Mapping[str, Any]) -> MeshTLSAuthentication:
     kind = "MeshTLSAuthentication"
     meta, n, spec = _ctx(raw, kind)
-    identities = tuple(_o._str(i, kind, n, "spec.identities")
-                       for i in _o._list(spec.get("identities"), kind, n, "spec.identities"))
+    identities = tuple(as_str(i, kind, n, "spec.identities")
+                       for i in as_list(spec.get("identities"), kind, n, "spec.identities"))
     refs = tuple(_ref(r, kind, n, f"spec.identityRefs[{i}]")
-                 for i, r in enumerate(_o._list(spec.get("identityRefs"), kind, n,
+                 for i, r in enumerate(as_list(spec.get("identityRefs"), kind, n,
                                                 "spec.identityRefs")))
     if not identities and not refs:
         raise ObjectError(kind, n, "names no identities (spec.identities, spec.identityRefs)")
@@ -223,21 +233,15 @@ def _decode_network_authn(raw: Mapping[str, Any]) -> NetworkAuthentication:
     return NetworkAuthentication(meta, networks)
 
 
-DECODERS: dict[str, Callable[[Mapping[str, Any]], PolicyObject]] = {
-    **ROUTE_DECODERS,
-    "AuthorizationPolicy": _decode_authorization_policy,
-    "ServerAuthorization": _decode_server_authorization,
-    "MeshTLSAuthentication": _decode_meshtls,
-    "NetworkAuthentication": _decode_network_authn,
-}
-
-
-# Key-only objects, for deleting what the cache holds when an object no longer decodes.
-TOMBSTONES: dict[str, Callable[[Meta], PolicyObject]] = {
-    **ROUTE_TOMBSTONES,
-    "AuthorizationPolicy": lambda m: AuthorizationPolicy(m, ObjectRef("", "", "", ""), ()),
-    "ServerAuthorization": lambda m: ServerAuthorization(m, "", None, (), False, False, False,
-                                                          (), ()),
-    "MeshTLSAuthentication": lambda m: MeshTLSAuthentication(m, (), ()),
-    "NetworkAuthentication": lambda m: NetworkAuthentication(m, ()),
-}
+# Each kind's decoder and its tombstone (a key-only object, for deleting what the cache
+# holds when an object no longer decodes).
+KINDS: tuple[Kind, ...] = (
+    *ROUTE_KINDS_DECODED,
+    Kind("AuthorizationPolicy", _decode_authorization_policy,
+         lambda m: AuthorizationPolicy(m, ObjectRef("", "", "", ""), ())),
+    Kind("ServerAuthorization", _decode_server_authorization,
+         lambda m: ServerAuthorization(m, "", None, (), False, False, False, (), ())),
+    Kind("MeshTLSAuthentication", _decode_meshtls, lambda m: MeshTLSAuthentication(m, (), ())),
+    Kind("NetworkAuthentication", _decode_network_authn,
+         lambda m: NetworkAuthentication(m, ())),
+)

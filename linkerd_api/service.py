@@ -27,7 +27,7 @@ import prometheus_client
 import structlog
 from google.protobuf.message import DecodeError
 
-from bridge.authority import AuthorityError
+from bridge.authority import AuthorityError, view_authority
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.multicluster.views import MissingRemoteService
 from bridge.multicluster.views import UnknownCluster as UnknownClusterError
@@ -60,7 +60,7 @@ from linkerd_api.profile_streams import (
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.queue import UpdateQueue
 from linkerd_api.render import to_dict
-from linkerd_api.translate import Translator, address_text, ready_endpoints
+from linkerd_api.translate import Translator, address_text, ready_endpoints, set_labels
 from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
 
@@ -151,8 +151,7 @@ class DestinationService:
         self.semantics: Semantics = options.semantics
         self.capacity = options.stream_queue_capacity
         self.translator = Translator(host.config)
-        self.encoder = UpdateEncoder(host.cluster, self.translator, self.semantics,
-                                     host.views)
+        self.encoder = UpdateEncoder(self.translator, self.semantics, host.views)
         self.profiles = ProfileRegistry(host.cluster, host.config, self.translator,
                                         self.semantics)
         self.streams: set[UpdateQueue] = set()
@@ -206,7 +205,7 @@ class DestinationService:
             path = request.path
             token = self._token(request, peer, "Get")
             key = self._endpoint_key(path, token, peer)
-            label = key.authority(self.config.cluster_domain)
+            label = view_authority(key, self.config.cluster_domain)
             stream = EndpointStream(self.capacity, self.encoder, key, label, peer,
                                     self._endpoint_overflow)
             try:
@@ -337,8 +336,12 @@ class DestinationService:
                 "weight": wa.weight, "identity": wa.tls_identity.dns_like_identity.name,
                 "hint": hint or "", "zone": ep.zone or "", "zone_locality": r.zone_locality,
             }
+        # Encoded afresh and kept nowhere: a debug read changes nothing a stream sees.
+        def labels(member_cluster: str) -> dict[str, str]:
+            return set_labels(*self.encoder.labels_source(view, member_cluster))
+
         messages = [to_dict(dst.Update.FromString(m))
-                    for m in self.encoder.snapshot_messages(view)]
+                    for m in self.encoder.snapshot_messages(view, labels)]
         return endpoints, {"version": view.version, "semantics": self.semantics,
                            "messages": messages}
 

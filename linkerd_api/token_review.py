@@ -26,7 +26,8 @@ from typing import Any
 import structlog
 import urllib3
 
-from bridge.sources.kube import ApiClient, ApiError, Credentials, KubeSource
+from bridge.sources.kube import KubeSource
+from bridge.sources.kube_api import ApiClient, ApiError, Credentials
 from linkerd_api.tokens import AUDIENCE, InvalidToken, ReviewFailed, ServiceAccount
 
 log = structlog.get_logger("meshbridge.identity")

@@ -25,7 +25,7 @@ from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.multicluster.links import Link
 from bridge.multicluster.store import DEFAULT_SYNC_TIMEOUT, ClusterStore
 from bridge.multicluster.views import MultiClusterViews
-from bridge.sources import Source
+from bridge.sources.base import Source
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
@@ -121,12 +121,12 @@ class App:
         layers: Sequence[ProtocolLayer] = (),
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
-        from bridge.view_metrics import ViewMetrics
+        from bridge.views.metrics import ViewMetrics
 
         self.config = config or MeshConfig()
         self.options = options or ServeOptions()
         self.source = source
-        self.cluster = Cluster()
+        self.cluster = Cluster(self.config.local_cluster())
         self.metrics = registry or prometheus_client.CollectorRegistry()
         # Linked clusters (their Secrets in the controller namespace, `--link`), and
         # the Views of every cluster, which the layers subscribe through.

@@ -26,6 +26,7 @@ from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, Mesh
 from bridge.port_sets import PortSpecError, parse_port_set
 from h2grpc.limits import H2Limits, knobs
 from meshbridge import eventloop, gctune, layers
+from meshbridge.debug_access import ACCESS_MODES, DEFAULT_ACCESS, DebugAccess
 from meshbridge.eventloop import EVENT_LOOPS
 from meshbridge.limits import Limits
 from meshbridge.log import LOG_LEVELS, configure_logging
@@ -36,7 +37,8 @@ log = structlog.get_logger("meshbridge.cli")
 # H2Limits fields set by Limits' own flags, and those that cannot be 0.
 _LIMITS_FLAGS = frozenset({"max_concurrent_streams", "max_message_bytes"})
 _POSITIVE = frozenset({"stream_window", "connection_window", "max_header_list", "window",
-                       "read_slice", "write_high_water", "max_header_fields"})
+                       "read_slice", "slice_requests", "write_high_water",
+                       "max_header_fields"})
 
 
 def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
@@ -121,6 +123,10 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
     p.add_argument("--client-ca", default=None,
                    help="PEM CA bundle: require client certificates signed by it (mTLS)")
+    p.add_argument("--debug-access", choices=ACCESS_MODES, default=DEFAULT_ACCESS,
+                   help="who may read the admin port's debug pages and the gRPC port's "
+                        "debug types (istioctl proxy-status): local (loopback clients), "
+                        "any, or off; with --client-ca, gRPC clients need a certificate")
     p.add_argument("--grpc-transport", choices=("native", "grpcio"), default="native",
                    help="the gRPC server: meshbridge's own HTTP/2 server (default) or "
                         "grpc.aio's")
@@ -163,7 +169,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> int:
     from bridge.multicluster.links import LinkError, parse_link_flag
-    from bridge.sources import SourceSpecError, make_source
+    from bridge.sources.base import SourceSpecError
+    from bridge.sources.catalog import make_source
     from meshbridge.app import App, ServeOptions, TlsFiles
     from meshbridge.startup import (
         check_kube_access,
@@ -175,6 +182,8 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         check_listen_address("--listen", args.listen)
         check_listen_address("--admin", args.admin)
+        if getattr(args, "webhook_listen", ""):  # the admission layer's own listener
+            check_listen_address("--webhook-listen", args.webhook_listen)
     except StartupError as e:
         log.error(str(e))
         if args.debug:
@@ -209,8 +218,9 @@ async def _serve(args: argparse.Namespace) -> int:
     limits = Limits(args.max_streams_per_connection, args.max_message_bytes,
                     args.max_streams_per_client, args.max_resource_names, h2=h2)
     try:
-        layer_options = tuple(mod.options_from_args(args) for mod in layers.layer_modules()
-                              if hasattr(mod, "options_from_args"))
+        layer_options = (DebugAccess(args.debug_access, bool(args.client_ca)), *(
+            mod.options_from_args(args) for mod in layers.layer_modules()
+            if hasattr(mod, "options_from_args")))
     except ValueError as e:
         log.error("bad protocol-layer option", reason=str(e))
         return 2
@@ -234,7 +244,8 @@ async def _serve(args: argparse.Namespace) -> int:
         await app.start(wait_synced=False)
     except OSError as e:
         # Which port: the gRPC one is bound first, so no admin port means the gRPC one.
-        flag, addr = ("--admin", args.admin) if app.grpc_port else ("--listen", args.listen)
+        flag, addr = getattr(e, "listen_flag", None) or (
+            ("--admin", args.admin) if app.grpc_port else ("--listen", args.listen))
         log.error(describe_os_error(flag, addr, e))
         await app.stop(0)
         return 1

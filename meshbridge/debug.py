@@ -29,10 +29,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridge.authority import AuthorityError, format_authority, parse_authority
+from bridge.authority import AuthorityError, format_authority, parse_authority, view_authority
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.routes.text import RouteRow
 from meshbridge.admin import Request, Response
+from meshbridge.debug_access import DebugAccess
 from meshbridge.stream_registry import human_time
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def views_json(app: App) -> list[dict[str, Any]]:
                                                           v.key.filter.hostname)):
         ready = sum(1 for r in view.snapshot.values() if r.endpoint.ready)
         out.append({
-            "authority": view.key.authority(app.config.cluster_domain),
+            "authority": view_authority(view.key, app.config.cluster_domain),
             "namespace": view.key.service.namespace,
             "service": view.key.service.name,
             "port": view.key.port,
@@ -80,22 +81,25 @@ def views_json(app: App) -> list[dict[str, Any]]:
 
 
 def install(app: App) -> None:
-    app.admin.route("/", lambda req: _index(app, req))
-    app.admin.route("/debug/views", lambda req: _no_params(req) or _json(200, views_json(app)))
-    app.admin.route("/debug/streams", lambda req: _no_params(req) or _json(
-        200, [s.as_json() for s in app.streams.all()]))
-    app.admin.route("/debug/endpoints", lambda req: _endpoints(app, req))
-    app.admin.route("/debug/syncz", lambda req: _no_params(req) or _json(
-        200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)]))
-    app.admin.route("/debug/clusters", lambda req: _no_params(req) or _json(
-        200, app.clusters.describe()))
+    access = app.options_for(DebugAccess)
 
+    def guarded(page: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        # These pages reveal configuration: served under --debug-access only.
+        def serve(req: Request) -> Response:
+            refused = access.refusal(req.peer)
+            return Response.text(403, refused) if refused else page(req)
+        return serve
 
-class _Probe:
-    """A subscriber that only holds a View open while the page renders it."""
-
-    def on_view_change(self, view: View, change: Any) -> None:
-        pass
+    app.admin.route("/", guarded(lambda req: _index(app, req)))
+    app.admin.route("/debug/views", guarded(
+        lambda req: _no_params(req) or _json(200, views_json(app))))
+    app.admin.route("/debug/streams", guarded(lambda req: _no_params(req) or _json(
+        200, [s.as_json() for s in app.streams.all()])))
+    app.admin.route("/debug/endpoints", guarded(lambda req: _endpoints(app, req)))
+    app.admin.route("/debug/syncz", guarded(lambda req: _no_params(req) or _json(
+        200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)])))
+    app.admin.route("/debug/clusters", guarded(lambda req: _no_params(req) or _json(
+        200, app.clusters.describe())))
 
 
 def _endpoints(app: App, req: Request) -> Response:
@@ -116,15 +120,14 @@ def _endpoints(app: App, req: Request) -> Response:
     node = req.query.get("node", [""])[0]
     key = ViewKey(key.service, key.port, FilterKey(node_name=node,
                                                    hostname=key.filter.hostname))
-    probe = _Probe()
+    # Read-only: the View clients share if the target is watched, else one made for
+    # this page alone; each renderer encodes afresh and keeps nothing, so no client's
+    # version, no metric and no subscriber count moves.
     try:
-        view = app.views.subscribe(key, probe, "debug")
+        view = app.views.peek(key)
     except LookupError as e:
         return Response.text(400, str(e))
-    try:
-        rendered = {name: render(view) for name, render in sorted(app.renderers.items())}
-    finally:
-        app.views.unsubscribe(key, probe)
+    rendered = {name: render(view) for name, render in sorted(app.renderers.items())}
     addresses = {name: set(eps) for name, (eps, _) in rendered.items()}
     union = set().union(*addresses.values()) if addresses else set()
     differences = {

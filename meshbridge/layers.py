@@ -18,7 +18,7 @@ from typing import Any
 # Protocol layers, in the order `serve` mounts them on the shared gRPC port.
 PROTOCOL_LAYERS: tuple[str, ...] = (
     "linkerd_api.service", "linkerd_api.identity", "linkerd_api.policy.service",
-    "xds_api.service")
+    "xds_api.service", "admission.webhook")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,8 @@ COMMANDS: dict[str, Command] = {
     "xds": Command("xds_api.client", "print what an xDS (ADS) subscription receives"),
     "compare": Command("harness.compare.cli", "run a comparison scenario over both protocols"),
     "shadow": Command("harness.shadow.cli", "compare two control planes' answers continuously"),
-    "status": Command("meshbridge.status", "print every client's sync state (/debug/syncz)"),
+    "status": Command("meshbridge.status", "print every client's sync state, or what one "
+                      "proxy holds (istio.io/debug/syncz, config_dump)"),
     "mirror": Command("meshbridge.mirror", "keep the mirror and federated Services of the "
                                            "linked clusters (Linkerd's service mirror)"),
 }

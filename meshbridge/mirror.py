@@ -30,7 +30,8 @@ from bridge.multicluster.mirror_rules import (
     SelectorError,
 )
 from bridge.multicluster.store import ClusterStore
-from bridge.sources.kube import ApiClient, KubeSource
+from bridge.sources.kube import KubeSource
+from bridge.sources.kube_api import ApiClient
 from meshbridge.log import LOG_LEVELS, configure_logging
 from meshbridge.startup import StartupError, load_kube_credentials
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 if TYPE_CHECKING:
-    from bridge.sources.kube import Credentials
+    from bridge.sources.kube_api import Credentials
 
 log = structlog.get_logger("meshbridge.startup")
 
@@ -67,8 +67,8 @@ def _probe_bind(flag: str, address: str) -> None:
 def load_kube_credentials(kubeconfig: str | None, context: str | None) -> Credentials:
     """The kube source's credentials, loaded before anything is served (the source
     would otherwise find them missing only once the ports are open)."""
-    from bridge.sources import SourceSpecError
-    from bridge.sources.kube import load_credentials
+    from bridge.sources.base import SourceSpecError
+    from bridge.sources.kube_api import load_credentials
 
     try:
         return load_credentials(kubeconfig, context)
@@ -81,7 +81,8 @@ def check_kube_access(creds: Credentials, endpoints_api: str) -> None:
     the API server rejects the credentials (401), or RBAC denies a kind the endpoint
     view needs or every kind (403). Anything else (the API server not answering yet,
     a CRD not installed) is left to the watchers, which retry."""
-    from bridge.sources.kube import ApiClient, ApiError, watched_kinds
+    from bridge.sources.kube import watched_kinds
+    from bridge.sources.kube_api import ApiClient, ApiError
 
     client = ApiClient(creds)
     denied: list[str] = []

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bridge.model import MeshConfig
-from bridge.sources import DEMO_DIR
+from bridge.sources.catalog import DEMO_DIR
 from bridge.sources.files import FilesSource
 from meshbridge.app import App, ProtocolLayer, ServeOptions
 from meshbridge.layers import protocol_layers

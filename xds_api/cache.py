@@ -6,8 +6,9 @@ watch and release a subscription's names, and ask what a subscription is due. Ea
 type's rules live in its own module under `xds_api/caches/`:
 
 * EDS (`caches/endpoints.py`): ClusterLoadAssignments from the shared Views. A watched
-  name joins its View as a subscriber; the CLA is encoded once per View version
-  (`View.cached`) and reused by every stream, whatever its protocol variant.
+  name joins its View as a subscriber; the CLA is kept by the View as a derived
+  value, encoded once per View version and handed to every watch of it, whatever
+  its stream's protocol variant.
 * CDS (`caches/clusters.py`): one Cluster per port of every Service (ExternalName
   excepted), rebuilt only for the services a cluster change touches; the CDS version
   moves only on real change.
@@ -81,7 +82,8 @@ class ResourceCache:
         self.leds = LedsCache(self.endpoints, views, cluster_domain, prefix, self.metrics)
         self.clusters = ClusterCache(prefix, self.metrics)
         self.listeners = ListenerCache(self.ports, prefix, self.metrics)
-        self.routes = RouteCache(self.ports, route_index(cluster), prefix, self.metrics)
+        self.routes = RouteCache(self.ports, route_index(cluster), prefix,
+                                 self.metrics)
         # The one table that routes by type URL.
         self._types: dict[str, TypeCache] = {
             rt.CLUSTER: self.clusters, rt.ENDPOINT: self.endpoints,
@@ -128,9 +130,9 @@ class ResourceCache:
     def port_names(self) -> list[str]:
         return self.ports.names()
 
-    def cla_of(self, view: View, name: str) -> EncodedResource:
+    def cla_of(self, view: View) -> EncodedResource:
         """The View's CLA, encoded at most once per View version for every stream."""
-        return self.endpoints.cla_of(view, name)
+        return self.endpoints.cla_of(view)
 
     # ------------------------------------------------------------------ watching
 

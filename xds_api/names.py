@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from bridge.authority import AuthorityError, parse_authority
+from bridge.authority import AuthorityError, parse_authority, view_authority
 from bridge.model import ViewKey
 
 
@@ -26,7 +26,7 @@ def parse_resource_name(name: str, cluster_domain: str) -> ViewKey | None:
     except AuthorityError:
         return None
     # `web.emojivoto.svc.cluster.local:080` would be a second name for one View.
-    return key if key.authority(cluster_domain) == name else None
+    return key if view_authority(key, cluster_domain) == name else None
 
 
 def expand_short_name(name: str, cluster_domain: str) -> str:

@@ -27,15 +27,18 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError
 
+from bridge.authority import view_authority
 from bridge.model import ResolvedEndpoint, ServiceKey, ViewKey
 from bridge.routes.text import RouteRow
 from bridge.views import View
+from meshbridge.debug_access import DebugAccess
 from meshbridge.host import Host
 from meshbridge.stream_registry import StreamInfo
 from meshbridge.writes import NowaitWriter, nowait_writer
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
+from xds_api.debug_types import DebugTypes
 from xds_api.metrics import XdsMetrics
 from xds_api.resources import (
     DEFAULT_ISTIO_CLUSTER_ID,
@@ -50,6 +53,7 @@ from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
     DeltaStream,
+    Forbidden,
     SotwStream,
     StreamError,
     TooManyNames,
@@ -182,6 +186,8 @@ def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
     if isinstance(error, BadRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, Forbidden):
+        return grpc.StatusCode.PERMISSION_DENIED, str(error)
     return grpc.StatusCode.INTERNAL, str(error)
 
 
@@ -214,6 +220,10 @@ class XdsService:
         self.max_names = host.limits.max_resource_names or DEFAULT_MAX_NAMES
         self.write_timeout = options.write_timeout
         self.runners: set[StreamRunner] = set()
+        # istiod's debug types (§9.2), where the admin port's debug pages would be.
+        self.debug = DebugTypes(host.streams, lambda: [r.stream for r in self.runners],
+                                self.cache, access=host.options_for(DebugAccess),
+                                cluster_id=options.istio_cluster_id)
         # Streams with something to write, written in one callback at the end of this
         # loop turn (one change to 5,000 streams: one callback).
         self._due: list[StreamRunner] = []
@@ -315,21 +325,21 @@ class XdsService:
                       client_namespace: str) -> tuple[list[RouteRow], list[str]]:
         """A Service port's RouteConfiguration as this client kind in this namespace is
         sent it, as route-table rows, and what it is not told (for /debug/endpoints)."""
-        name = ViewKey(service, port).authority(self.cache.cluster_domain)
-        res = self.cache.routes.variant(name, client, client_namespace)
-        if res is None:
+        name = view_authority(ViewKey(service, port), self.cache.cluster_domain)
+        # Read-only: what is kept, or built afresh and kept nowhere (nothing counted).
+        found = self.cache.routes.preview(name, client, client_namespace)
+        if found is None:
             return [], []
+        res, left_out = found
         config = route_pb2.RouteConfiguration()
         any_msg = any_pb2.Any.FromString(res.any_bytes)
         any_msg.Unpack(config)
-        left_out = self.cache.routes.left_out_of(name, client, client_namespace)
         return route_config_rows(config), [str(x) for x in left_out]
 
     def render_view(self, view: View) -> tuple[dict[str, dict[str, Any]], Any]:
         """The View as xDS clients get it, for /debug/endpoints: the CLA's endpoints
         keyed by "ip:port", and the CLA as proto-JSON."""
-        name = view.key.authority(self.cache.cluster_domain)
-        res = self.cache.cla_of(view, name)
+        res = self.cache.endpoints.preview(view)
         cla = endpoint_pb2.ClusterLoadAssignment()
         any_msg = any_pb2.Any.FromString(res.any_bytes)
         any_msg.Unpack(cla)
@@ -382,9 +392,11 @@ class StreamRunner:
         self.service = service
         peer = context.peer()
         self.info = StreamInfo(stream_cls.protocol, peer)
+        certified = bool(context.auth_context().get("x509_pem_cert"))
         self.stream: XdsStream = stream_cls(
             service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
-            max_names=service.max_names, peer=peer, info=self.info)
+            max_names=service.max_names, peer=peer, info=self.info,
+            debug=service.debug.for_client(peer, certified))
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._context = context

@@ -101,8 +101,18 @@ class HeldVersions(dict[str, str]):
         self.total = 0
 
     def version(self) -> str:
-        """§1.2: the version of everything held."""
-        return f"{self.total & _VERSION_MASK:0{VERSION_DIGITS}x}"
+        """§1.2: the version of everything held; one string for every stream that
+        holds the same (each stream keeps it, as sent and as ACKed)."""
+        total = self.total & _VERSION_MASK
+        text = _VERSION_TEXTS.get(total)
+        if text is None:
+            if len(_VERSION_TEXTS) >= _MAX_TERMS:
+                _VERSION_TEXTS.clear()
+            text = _VERSION_TEXTS[total] = f"{total:0{VERSION_DIGITS}x}"
+        return text
+
+
+_VERSION_TEXTS: dict[int, str] = {}
 
 
 @dataclass(frozen=True, slots=True)

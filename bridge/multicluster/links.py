@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from bridge.objects import Secret
-from bridge.sources.kube import Credentials
+from bridge.sources.kube_api import Credentials
 
 # Linkerd's cluster-store contract (`linkerd multicluster link` writes these).
 CLUSTER_NAME_LABEL = "multicluster.linkerd.io/cluster-name"
@@ -145,6 +145,6 @@ def link_credentials(link: Link) -> Credentials:
         reason = str(e).removeprefix("Invalid kube-config file. ")
         raise LinkError(link.origin, "bad_kubeconfig", f"kubeconfig: {reason}",
                         link.name) from None
-    from bridge.sources.kube import credentials_of
+    from bridge.sources.kube_api import credentials_of
 
     return credentials_of(cfg)

@@ -20,8 +20,8 @@ import structlog
 from bridge.cluster import Cluster
 from bridge.model import Endpoint, EndpointId, MeshConfig, ViewKey
 from bridge.multicluster.targets import Member
-from bridge.view_metrics import ViewMetrics
 from bridge.views import InvalidService, VersionedMap, View, ViewChange
+from bridge.views.metrics import ViewMetrics
 
 log = structlog.get_logger("meshbridge.multicluster")
 

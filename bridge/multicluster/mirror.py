@@ -41,15 +41,8 @@ from bridge.multicluster.remote import Report
 from bridge.multicluster.store import ClusterStore, LinkedCluster, LinkSource
 from bridge.multicluster.targets import REMOTE_DISCOVERY, federation
 from bridge.objects import Service
-from bridge.sources.kube import (
-    KINDS,
-    ApiClient,
-    ApiError,
-    Credentials,
-    KindSpec,
-    KubeSource,
-    link_secrets,
-)
+from bridge.sources.kube import KINDS, KindSpec, KubeSource, link_secrets
+from bridge.sources.kube_api import ApiClient, ApiError, Credentials
 
 log = structlog.get_logger("meshbridge.mirror")
 

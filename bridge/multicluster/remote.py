@@ -47,16 +47,8 @@ from bridge.objects import (
     Service,
     object_key,
 )
-from bridge.sources.kube import (
-    KINDS,
-    ApiClient,
-    ApiError,
-    Credentials,
-    KindSpec,
-    KindWatcher,
-    LagObserver,
-    backoff_delay,
-)
+from bridge.sources.kube import KINDS, KindSpec, KindWatcher, LagObserver, backoff_delay
+from bridge.sources.kube_api import ApiClient, ApiError, Credentials
 
 log = structlog.get_logger("meshbridge.multicluster")
 
@@ -196,7 +188,7 @@ class RemoteKubeSource:
         self._loop = loop
         self._failed = loop.create_future()
         self._live = cluster
-        self._staging = Cluster()
+        self._staging = Cluster(cluster.identity)
         self._synced = synced
         self._client = ApiClient(self.credentials)
         await self._until_accessible(self._client)

@@ -32,19 +32,13 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily
 
 from bridge.cluster import Cluster, ClusterChange, Event, EventType, ListenerStage
-from bridge.model import ServiceKey
+from bridge.model import ClusterIdentity, ServiceKey
 from bridge.multicluster.demand import Demand
 from bridge.multicluster.links import Link, LinkError, link_credentials, link_from_secret
 from bridge.multicluster.remote import REMOTE_KINDS, RemoteKubeSource, Report
 from bridge.objects import Secret
-from bridge.sources.kube import (
-    KINDS,
-    Credentials,
-    KindSpec,
-    LagObserver,
-    cache_size_gauge,
-    lag_histogram,
-)
+from bridge.sources.kube import KINDS, KindSpec, LagObserver, cache_size_gauge, lag_histogram
+from bridge.sources.kube_api import Credentials
 
 log = structlog.get_logger("meshbridge.multicluster")
 
@@ -422,7 +416,8 @@ class ClusterStore:
                 self._errors.labels(cluster, category).inc()
 
     def _link(self, link: Link) -> None:
-        lc = LinkedCluster(link, Cluster(), time.monotonic(),
+        identity = ClusterIdentity(link.name, link.cluster_domain, link.trust_domain)
+        lc = LinkedCluster(link, Cluster(identity), time.monotonic(),
                            holds_ready=not self._ready_once)
         self.linked[link.name] = lc
         lc.run = self._start(lc, link)
@@ -514,7 +509,8 @@ def _count(cluster: Cluster, kind: str) -> float:
 
 
 def _dev_source(spec: str) -> LinkSource:
-    from bridge.sources import SourceSpecError, make_source
+    from bridge.sources.base import SourceSpecError
+    from bridge.sources.catalog import make_source
 
     try:
         return make_source(spec)

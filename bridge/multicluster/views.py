@@ -37,8 +37,8 @@ from bridge.multicluster.targets import (
     is_federated,
     remote_target,
 )
-from bridge.view_metrics import ViewMetrics
 from bridge.views import InvalidService, View, ViewRegistry, ViewSubscriber
+from bridge.views.metrics import ViewMetrics
 
 # istiod's default cluster-local hosts: never merged across clusters.
 DEFAULT_CLUSTER_LOCAL = ("*.kube-system.svc.{domain}", "kubernetes.default.svc.{domain}")

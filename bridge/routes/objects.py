@@ -15,12 +15,20 @@ what it does to the route (`Effect`). Resolution answers each one once (Routes �
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge import objects as _o
-from bridge.objects import Meta, ObjectError
+from bridge.decoding import (
+    Meta,
+    ObjectError,
+    as_list,
+    as_map,
+    as_port,
+    as_str,
+    decode_meta,
+)
+from bridge.kinds import Kind
 from bridge.routes.durations import parse_gateway_duration, parse_linkerd_duration
 from bridge.routes.regex import re2_error
 
@@ -169,6 +177,7 @@ class Timeouts:
 class RetrySource(enum.Enum):
     GATEWAY = "gateway"  # the rule's `retry` stanza (GEP-1731)
     ANNOTATION = "annotation"  # retry.linkerd.io/* on the route or the Service
+    PROFILE = "profile"  # a ServiceProfile route's isRetryable (Routes §7.3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,13 +269,13 @@ class _Reader:
     problems: list[Problem] = field(default_factory=list)
 
     def mapping(self, raw: Any, path: str) -> Mapping[str, Any]:
-        return _o._map(raw, self.kind, self.name, path)
+        return as_map(raw, self.kind, self.name, path)
 
     def items(self, raw: Any, path: str) -> list[Any]:
-        return _o._list(raw, self.kind, self.name, path)
+        return as_list(raw, self.kind, self.name, path)
 
     def text(self, raw: Any, path: str, default: str = "") -> str:
-        return _o._str(raw, self.kind, self.name, path, default)
+        return as_str(raw, self.kind, self.name, path, default)
 
     def number(self, raw: Any, path: str, low: int, high: int) -> int:
         if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
@@ -276,7 +285,7 @@ class _Reader:
         return raw
 
     def port(self, raw: Any, path: str) -> int | None:
-        return None if raw is None else _o._port(raw, self.kind, self.name, path)
+        return None if raw is None else as_port(raw, self.kind, self.name, path)
 
     def problem(self, path: str, rule: str, effect: Effect,
                 reason: str = "UnsupportedValue") -> None:
@@ -618,6 +627,18 @@ TIMEOUT_ANNOTATION = "timeout.linkerd.io/"
 RETRY_ANNOTATION = "retry.linkerd.io/"
 
 
+def status_ranges(codes: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Status codes as inclusive ranges of consecutive codes: 500 501 503 -> (500, 501),
+    (503, 503)."""
+    out: list[tuple[int, int]] = []
+    for code in sorted(codes):
+        if out and out[-1][1] == code - 1:
+            out[-1] = (out[-1][0], code)
+        else:
+            out.append((code, code))
+    return tuple(out)
+
+
 def _http_statuses(text: str) -> tuple[tuple[int, int], ...]:
     """`retry.linkerd.io/http`: comma-separated `5xx`, `gateway-error`, a code or a
     range `a-b` (Routes §2.6). ValueError on anything else."""
@@ -706,7 +727,7 @@ def annotation_policy(annotations: Mapping[str, str], where: str = "metadata") -
 
 def decode_route(raw: Mapping[str, Any], store_kind: str, group: str,
                  route_kind: str) -> Route:
-    meta = _o._meta(raw, route_kind, True)
+    meta = decode_meta(raw, route_kind, True)
     r = _Reader(route_kind, f"{meta.namespace}/{meta.name}")
     spec = r.mapping(raw.get("spec"), "spec")
     grpc = route_kind == "GRPCRoute"
@@ -732,23 +753,24 @@ def decode_http_route(raw: Mapping[str, Any]) -> Route:
     return decode_route(raw, "HTTPRoute", LINKERD_POLICY_GROUP, "HTTPRoute")
 
 
-ROUTE_DECODERS: dict[str, Callable[[Mapping[str, Any]], Route]] = {
-    "HTTPRoute": decode_http_route,
-    "GatewayHTTPRoute": lambda raw: decode_route(raw, "GatewayHTTPRoute", GATEWAY_GROUP,
-                                                 "HTTPRoute"),
-    "GRPCRoute": lambda raw: decode_route(raw, "GRPCRoute", GATEWAY_GROUP, "GRPCRoute"),
-}
+def decode_grpc_route(raw: Mapping[str, Any]) -> Route:
+    return decode_route(raw, "GRPCRoute", GATEWAY_GROUP, "GRPCRoute")
 
 
 def _route_stub(kind: str, group: str, route_kind: str) -> Callable[[Meta], Route]:
     return lambda meta: Route(meta, group, route_kind, (), (), (), kind=kind)
 
 
-ROUTE_TOMBSTONES: dict[str, Callable[[Meta], Route]] = {
-    "HTTPRoute": _route_stub("HTTPRoute", LINKERD_POLICY_GROUP, "HTTPRoute"),
-    "GatewayHTTPRoute": _route_stub("GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute"),
-    "GRPCRoute": _route_stub("GRPCRoute", GATEWAY_GROUP, "GRPCRoute"),
-}
+# The route kinds, with their tombstones (key-only objects, for deleting what the cache
+# holds when an object no longer decodes), for the kind registry (bridge.kinds).
+ROUTE_KINDS_DECODED: tuple[Kind, ...] = (
+    Kind("HTTPRoute", decode_http_route,
+         _route_stub("HTTPRoute", LINKERD_POLICY_GROUP, "HTTPRoute")),
+    Kind("GatewayHTTPRoute",
+         lambda raw: decode_route(raw, "GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute"),
+         _route_stub("GatewayHTTPRoute", GATEWAY_GROUP, "HTTPRoute")),
+    Kind("GRPCRoute", decode_grpc_route, _route_stub("GRPCRoute", GATEWAY_GROUP, "GRPCRoute")),
+)
 
 
 def validate_route(raw: Mapping[str, Any]) -> list[Problem]:
@@ -756,8 +778,7 @@ def validate_route(raw: Mapping[str, Any]) -> list[Problem]:
     check refuses. Decoded by the very code that serves routes, so that what is
     accepted here is what is served. Empty when the route is served as written."""
     kind = raw.get("kind")
-    decoder = ROUTE_DECODERS.get("GRPCRoute" if kind == "GRPCRoute" else "HTTPRoute")
-    assert decoder is not None
+    decoder = decode_grpc_route if kind == "GRPCRoute" else decode_http_route
     try:
         route = decoder(raw)
     except ObjectError as e:

@@ -29,7 +29,7 @@ import yaml
 
 from bridge.cluster import Cluster, Event, EventType
 from bridge.objects import KubeObject, ObjectError, decode_object, display_name, object_key
-from bridge.sources import SourceSpecError
+from bridge.sources.base import SourceSpecError
 
 log = structlog.get_logger("meshbridge.sources.files")
 

@@ -37,14 +37,13 @@ from typing import Any
 import yaml
 
 from bridge.cluster import Cluster, Event, EventType
+from bridge.decoding import Meta, OwnerRef
 from bridge.objects import (
     Container,
     ContainerPort,
     EndpointSlice,
     KubeObject,
-    Meta,
     Node,
-    OwnerRef,
     Pod,
     ReplicaSet,
     Service,

@@ -10,11 +10,12 @@ each owning its own work; a parent only routes to its children:
                                         deduplicates and enriches their endpoints
     View           (view.py)            one filter key of that port: filters, diffs,
                                         versions and reports its snapshot, holds its
-                                        subscribers (Linkerd and xDS alike) and their
-                                        encoded bytes
+                                        subscribers (Linkerd and xDS alike) and what
+                                        the layers derive from it (derived.py)
 
-A change is merged and enriched once per port, filtered and diffed once per View,
-and then handed to each subscriber, which only encodes (once, via `View.cache`) and
+A change is merged and enriched once per port, filtered and diffed once per View;
+the View advances what each layer derives from it (its encoded bytes, once per
+version), then hands the change to each subscriber, which only reads those and
 queues. Subscribers must never block: they are called on the event loop.
 
 Each level costs what changed: a slice event redoes that slice, a pod event that
@@ -24,6 +25,7 @@ topology-hint rule flips for the whole set); and a version is a persistent map
 an object every endpoint of a namespace may depend on redoes what it touches.
 """
 
+from bridge.views.derived import Derivation, Derived
 from bridge.views.port_publisher import EMPTY_ENDPOINTS, PortPublisher
 from bridge.views.registry import InvalidService, ViewRegistry
 from bridge.views.snapshot import EndpointSnapshot, VersionedMap
@@ -32,6 +34,8 @@ from bridge.views.view import EMPTY, Snapshot, View, ViewChange, ViewSubscriber
 __all__ = [
     "EMPTY",
     "EMPTY_ENDPOINTS",
+    "Derivation",
+    "Derived",
     "EndpointSnapshot",
     "InvalidService",
     "PortPublisher",

@@ -23,7 +23,7 @@ from bridge.enrich import (
 )
 from bridge.model import Endpoint, EndpointId, FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.objects import EndpointSlice, Pod, Service, SliceEndpoint, TargetRef
-from bridge.view_metrics import ViewMetrics
+from bridge.views.metrics import ViewMetrics
 from bridge.views.snapshot import VersionedMap
 from bridge.views.view import View
 
@@ -60,7 +60,8 @@ class PortPublisher:
                  metrics: ViewMetrics | None = None) -> None:
         self.service = service
         self.port = port
-        self._cluster = cluster
+        # The Cluster this port's slices, pods and nodes are read from (its inputs).
+        self.cluster = cluster
         self._config = config
         self._metrics = metrics
         self.views: dict[FilterKey, View] = {}
@@ -79,7 +80,7 @@ class PortPublisher:
         view = self.views.get(fk)
         if view is None and create:
             key = ViewKey(self.service, self.port, fk)
-            view = self.views[fk] = View(key, self._cluster, self._config, self._metrics)
+            view = self.views[fk] = View(key, self.cluster, self._config, self._metrics)
             view.publish(self.available, self.exists)
         return view
 
@@ -123,10 +124,10 @@ class PortPublisher:
         return (not self.exists or change.all_services
                 or self.service.namespace in change.namespaces
                 or self.service in change.service_objects
-                or self._epoch != self._cluster.enrich_epoch)
+                or self._epoch != self.cluster.enrich_epoch)
 
     def _reload(self) -> None:
-        cluster = self._cluster
+        cluster = self.cluster
         self._epoch = cluster.enrich_epoch
         svc = cluster.services.get(self.service)
         old_slices = self._slices
@@ -148,7 +149,7 @@ class PortPublisher:
 
     def _update(self, change: ClusterChange) -> set[EndpointId]:
         """Redo the slices and pods `change` names: the ids whose value changed."""
-        cluster = self._cluster
+        cluster = self.cluster
         touched: set[EndpointId] = set()
         for skey in sorted(change.slices.get(self.service, ())):
             old = self._slices.get(skey)
@@ -196,7 +197,7 @@ class PortPublisher:
                       and old.obj.address_type == obj.address_type
                       and _slice_annotations(old.obj) == _slice_annotations(obj))
         prior = old.memo if old is not None and compatible else {}
-        cluster = self._cluster
+        cluster = self.cluster
         pods_of, epoch = cluster.pods, cluster.enrich_epoch
         memo: EnrichMemo = {}
         pods: dict[PodKey, list[SliceEndpoint]] = {}
@@ -309,8 +310,8 @@ class PortPublisher:
         state = self._slices[skey]
         assert state.port is not None
         eid = EndpointId("pod", pkey[0], pkey[1], state.obj.address_type)
-        pod = self._cluster.pods.get(pkey)
-        epoch = self._cluster.enrich_epoch
+        pod = self.cluster.pods.get(pkey)
+        epoch = self.cluster.enrich_epoch
         new: Endpoint | None = None
         for sep in state.pods.get(pkey, ()):
             for ip in sep.addresses:
@@ -335,7 +336,7 @@ class PortPublisher:
             if target is not None and target.kind == "Pod":
                 if pod is None:
                     raise EnrichError(f"pod {target.namespace}/{target.name} is not known")
-                enr = enrich_pod_endpoint(pod, port, sep.zone, self._cluster, self._config)
+                enr = enrich_pod_endpoint(pod, port, sep.zone, self.cluster, self._config)
                 eid = EndpointId("pod", target.namespace, target.name, slice_.address_type)
                 node_name = pod.node_name or sep.node_name
                 pod_name, pod_rv = pod.meta.name, pod.meta.resource_version
@@ -351,7 +352,7 @@ class PortPublisher:
                         service=slice_.service_name, port=self.port,
                         slice=slice_.meta.name, address=ip, reason=str(e))
             return None
-        node = self._cluster.nodes.get(node_name)
+        node = self.cluster.nodes.get(node_name)
         return Endpoint(
             id=eid, ip=ip, port=port, ready=sep.ready, serving=sep.serving,
             terminating=sep.terminating, hostname=sep.hostname, node_name=node_name,

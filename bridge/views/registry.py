@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import Endpoint, EndpointId, MeshConfig, ResolvedEndpoint, ServiceKey, ViewKey
-from bridge.view_metrics import ViewMetrics
+from bridge.views.metrics import ViewMetrics
 from bridge.views.port_publisher import PortPublisher
 from bridge.views.view import EMPTY, Snapshot, View, ViewSubscriber
 
@@ -38,9 +38,7 @@ class ViewRegistry:
     def subscribe(self, key: ViewKey, subscriber: ViewSubscriber, protocol: str) -> View:
         """Join (creating if needed) the View of `key`. The caller reads `view.snapshot`
         for its initial state; later versions arrive through `on_view_change`."""
-        svc = self.cluster.services.get(key.service)
-        if svc is not None and svc.type == "ExternalName":
-            raise InvalidService(f"{key.service} is an ExternalName service")
+        self._check_watchable(key)
         view = self.view(key, create=True)
         assert view is not None
         view.add_subscriber(subscriber, protocol)
@@ -76,7 +74,27 @@ class ViewRegistry:
     def views(self) -> list[View]:
         return [v for pub in self.ports.values() for v in pub.views.values()]
 
+    def _check_watchable(self, key: ViewKey) -> None:
+        svc = self.cluster.services.get(key.service)
+        if svc is not None and svc.type == "ExternalName":
+            raise InvalidService(f"{key.service} is an ExternalName service")
+
     # ------------------------------------------------------------- one-off reads
+
+    def peek(self, key: ViewKey) -> View:
+        """The View of `key` for a reader that must change nothing (debug pages): the
+        registered one if anyone watches it, else one computed now and never
+        registered, with no metrics, so no version, metric or subscriber count of
+        any registered View moves."""
+        view = self.view(key)
+        if view is not None:
+            return view
+        self._check_watchable(key)
+        pub = PortPublisher(key.service, key.port, self.cluster, self.config)
+        pub.load()
+        throwaway = pub.view(key.filter, create=True)
+        assert throwaway is not None
+        return throwaway
 
     def merge_endpoints(
         self, service: ServiceKey, port: int

@@ -8,19 +8,22 @@ once for all of them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from bridge.cluster import Cluster
 from bridge.model import BASE_WEIGHT, Endpoint, EndpointId, MeshConfig, ResolvedEndpoint, ViewKey
-from bridge.view_metrics import ViewMetrics
+from bridge.views.derived import Derivation, Derived
+from bridge.views.metrics import ViewMetrics
 from bridge.views.snapshot import EndpointSnapshot
 
 # What a version of a View is read as; each View's versions are `EndpointSnapshot`s.
 Snapshot = Mapping[EndpointId, ResolvedEndpoint]
 EMPTY: Snapshot = MappingProxyType({})
+
+D = TypeVar("D", bound=Derived)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +51,7 @@ class View:
     def __init__(self, key: ViewKey, cluster: Cluster, config: MeshConfig,
                  metrics: ViewMetrics | None = None) -> None:
         self.key = key
-        self._cluster = cluster
+        self.cluster = cluster  # where its endpoints come from (its port publisher's)
         self._config = config
         self._metrics = metrics
         self.version = 0
@@ -64,20 +67,22 @@ class View:
         self._rules = _Rules("", False, False)
         self._hints = _HintCounts()
         self.subscribers: dict[ViewSubscriber, str] = {}  # subscriber -> protocol label
-        # Per-version scratch space for the protocol layers' encoded bytes, cleared on
-        # every new version, so N subscribers cost one serialization.
-        self.cache: dict[Hashable, Any] = {}
+        # What the protocol layers derive from this View's versions (their encoded
+        # bytes among them), advanced with each version: N subscribers cost one
+        # serialization (bridge.views.derived).
+        self._derived: dict[Derivation[Any], Derived] = {}
         self.diff_computations = 0
         # False for a View whose endpoints each come filtered already (one served from
         # other clusters' Views, bridge.multicluster): only locality and weight then.
         self.filters = True
 
-    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        try:
-            return self.cache[key]
-        except KeyError:
-            value = self.cache[key] = build()
-            return value
+    def derived(self, how: Derivation[D]) -> D:
+        """The value `how` derives from this View: made on first use, then advanced
+        with every version this View publishes, before its subscribers hear of it."""
+        value = self._derived.get(how)
+        if value is None:
+            value = self._derived[how] = how.make(self)
+        return cast(D, value)
 
     # ------------------------------------------------------------- subscribers
 
@@ -141,8 +146,9 @@ class View:
         self.published_at = time.monotonic()
         self.exists = exists
         self.snapshot = current = previous.evolve(changes)
-        self.cache = {}
         change = ViewChange(self.version, previous, current, added, removed, exists_changed)
+        for value in list(self._derived.values()):
+            value.advance(change)
         if self._metrics is not None:
             self._metrics.published(self)
         for sub in list(self.subscribers):
@@ -230,10 +236,10 @@ class View:
 
     def _read_rules(self) -> _Rules:
         fk = self.key.filter
-        node_zone = self._cluster.node_zone(fk.node_name) if fk.node_name else ""
+        node_zone = self.cluster.node_zone(fk.node_name) if fk.node_name else ""
         local_only = hinted = False
         if fk.filtering and self.filters:
-            svc = self._cluster.services.get(self.key.service)
+            svc = self.cluster.services.get(self.key.service)
             local_only = svc is not None and svc.internal_traffic_local
             hinted = not local_only
         return _Rules(node_zone, local_only, hinted)
@@ -246,7 +252,7 @@ class View:
         the subscriber: zone locality and weight. An endpoint resolved as in `previous`
         is that very object, so the diff can compare by identity."""
         fk = self.key.filter
-        cluster, config = self._cluster, self._config
+        cluster, config = self.cluster, self._config
         cands = list(available.values())
         if fk.hostname:
             cands = [e for e in cands if e.hostname == fk.hostname]

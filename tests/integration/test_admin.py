@@ -12,6 +12,7 @@ from typing import Any
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import View, ViewChange
 from meshbridge.app import App
+from meshbridge.debug_access import DebugAccess
 from tests.polling import eventually
 
 
@@ -65,6 +66,18 @@ async def test_debug_pages_reject_bad_requests_with_one_line(
         status, body = await get(app, path)
         assert status == expected, path
         assert body.count("\n") == 1 and "Traceback" not in body, body
+
+
+async def test_debug_pages_follow_debug_access_and_the_probes_do_not(
+    make_app: Any, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir, layer_options=(DebugAccess("off"),))
+    for path in ("/", "/debug/views", "/debug/streams", "/debug/syncz",
+                 "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80"):
+        status, body = await get(app, path)
+        assert (status, body) == (403, "debug answers are off (--debug-access off)\n"), path
+    for path in ("/metrics", "/ready", "/live"):
+        assert (await get(app, path))[0] == 200, path
 
 
 async def test_debug_endpoints_shows_the_target_and_an_index_page_links_services(

@@ -54,7 +54,8 @@ def test_the_folder_applies_in_one_kubectl_apply(applied: client.ApiClient) -> N
     every one applies server-side in that order."""
     files = sorted(DEPLOY.glob("*.yaml"))  # what kubectl reads of the folder (no -R)
     assert [f.name for f in files] == ["00-namespace.yaml", "10-rbac.yaml",
-                                       "20-service.yaml", "30-deployment.yaml"]
+                                       "20-service.yaml", "30-deployment.yaml",
+                                       "40-webhook.yaml"]
     created: set[str] = set()
     docs = [d for f in files for d in manifests(f.name)]
     for doc in docs:
@@ -132,7 +133,8 @@ def test_the_deployment_passes_server_side_validation(applied: client.ApiClient)
         "meshbridge", deployment, dry_run="All")
     container = created.spec.template.spec.containers[0]
     assert container.args[:3] == ["serve", "--source", "kube"]
-    assert {p.container_port for p in container.ports} == {8086, 9996}
+    assert {p.container_port for p in container.ports} == {8086, 9996, 9443}
+    assert container.args[container.args.index("--webhook-listen") + 1] == "0.0.0.0:9443"
     assert container.readiness_probe.http_get.path == "/ready"
     assert container.liveness_probe.http_get.path == "/live"
     assert created.spec.template.spec.service_account_name == "meshbridge"

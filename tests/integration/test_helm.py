@@ -24,7 +24,7 @@ CHART = REPO / "deploy" / "helm" / "meshbridge"
 NAMESPACE = "meshbridge-helm"
 # What must exist before what refers to it.
 ORDER = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
-         "PodDisruptionBudget")
+         "PodDisruptionBudget", "ValidatingWebhookConfiguration")
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +59,34 @@ def test_tls_values_mount_the_secret_and_pass_the_flags(helm: str) -> None:
     args = pod["containers"][0]["args"]
     for flag in ("--tls-cert", "--tls-key", "--client-ca"):
         assert flag in args
-    assert pod["volumes"] == [{"name": "tls", "secret": {"secretName": "mb-tls"}}]
+    assert pod["volumes"] == [
+        {"name": "tls", "secret": {"secretName": "mb-tls"}},
+        {"name": "webhook-tls", "secret": {"secretName": "meshbridge-webhook-tls",
+                                           "optional": True}}]
     kinds = {d["kind"] for d in render(helm, "serviceMonitor.enabled=true")}
     assert "ServiceMonitor" in kinds and "ServiceMonitor" not in {
         d["kind"] for d in render(helm)}
+
+
+def test_the_webhook_values_render_deploy_s_configuration_and_its_flags(helm: str) -> None:
+    docs = render(helm, "webhook.failurePolicy=Fail", "webhook.caBundle=Q0E=")
+    (vwc,) = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+    plain = yaml.safe_load((REPO / "deploy" / "40-webhook.yaml").read_text())
+    (ours,), (theirs,) = vwc["webhooks"], plain["webhooks"]
+    assert ours["rules"] == theirs["rules"] and ours["sideEffects"] == "None"
+    assert ours["failurePolicy"] == "Fail" and theirs["failurePolicy"] == "Ignore"
+    assert ours["clientConfig"]["caBundle"] == "Q0E="
+    assert ours["clientConfig"]["service"] == {
+        "name": "mb-meshbridge", "namespace": NAMESPACE, "port": 9443, "path": "/validate"}
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--webhook-listen") + 1] == "0.0.0.0:9443"
+    off = render(helm, "webhook.enabled=false")
+    assert "ValidatingWebhookConfiguration" not in {d["kind"] for d in off}
+    (deployment,) = [d for d in off if d["kind"] == "Deployment"]
+    assert "--webhook-listen" not in deployment["spec"]["template"]["spec"]["containers"][0][
+        "args"]
+    assert "volumes" not in deployment["spec"]["template"]["spec"]
 
 
 MULTICLUSTER = ["multicluster.enabled=true", "multicluster.mirror.enabled=true",
@@ -118,9 +142,13 @@ def api(kube_apiserver: KubeAPIServer) -> Iterator[client.ApiClient]:
 def apply(api: client.ApiClient, doc: dict[str, Any]) -> None:
     resource = dynamic.DynamicClient(api).resources.get(api_version=doc["apiVersion"],
                                                         kind=doc["kind"])
+    # The webhook configuration is checked, not stored: registered, it would send every
+    # later test's Pods and Services to a webhook that never answers.
+    dry_run = "All" if doc["kind"] == "ValidatingWebhookConfiguration" else None
     resource.server_side_apply(body=doc, name=doc["metadata"]["name"],
                                namespace=doc["metadata"].get("namespace"),
-                               field_manager="meshbridge-test", force_conflicts=True)
+                               field_manager="meshbridge-test", force_conflicts=True,
+                               dry_run=dry_run)
 
 
 def dry_run_pod(api: client.ApiClient, template: dict[str, Any], name: str) -> None:

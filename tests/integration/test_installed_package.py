@@ -121,7 +121,7 @@ def test_the_installed_wheel_serves_the_demo_from_anywhere(tmp_path: Path) -> No
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONUNBUFFERED"] = "1"
     where = run([venv / "bin" / "python", "-c",
-                 "import bridge.sources as s; print(s.__file__); print(s.DEMO_DIR)"],
+                 "import bridge.sources.catalog as s; print(s.__file__); print(s.DEMO_DIR)"],
                 timeout=60, cwd=elsewhere, env=env).split()
     assert all(Path(p).is_relative_to(venv) for p in where), where  # not the repository's
 

@@ -30,9 +30,9 @@ CRDS = Path(__file__).parent / "crds" / "policy.yaml"
 WAIT = 15.0
 
 
-def install_crds(api: client.ApiClient) -> None:
+def install_crds(api: client.ApiClient, path: Path = CRDS) -> None:
     ext = client.ApiextensionsV1Api(api)
-    docs = [d for d in yaml.safe_load_all(CRDS.read_text()) if d]
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:
         try:
             ext.create_custom_resource_definition(doc)

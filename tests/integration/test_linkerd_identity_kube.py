@@ -17,7 +17,8 @@ from cryptography import x509
 from kubernetes import client, config
 
 from bridge.model import MeshConfig
-from bridge.sources.kube import KubeSource, load_credentials
+from bridge.sources.kube import KubeSource
+from bridge.sources.kube_api import load_credentials
 from linkerd_api.token_review import KubeTokenReview
 from linkerd_api.tokens import ReviewFailed
 from meshbridge.app import App, ServeOptions

@@ -22,7 +22,8 @@ from bridge.multicluster.mirror import (
 )
 from bridge.multicluster.mirror_rules import LinkRules
 from bridge.multicluster.store import ClusterStore
-from bridge.sources.kube import ApiClient, KubeSource, load_credentials
+from bridge.sources.kube import KubeSource
+from bridge.sources.kube_api import ApiClient, load_credentials
 from tests.integration import kubeapi, multicluster_support
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.multicluster_support import Objects

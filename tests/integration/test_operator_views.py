@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from linkerd_api.proto import destination_pb2 as dst
@@ -82,24 +83,45 @@ async def test_syncz_the_page_and_status_show_both_clients_and_their_sync_state(
         assert cells[4] == "2" and cells[6] != "-"  # ready endpoints, a View version
         assert "SYNCED" in dom and "SENT" in dom and "<th>ACKed</th>" in dom
 
-        out = await asyncio.to_thread(subprocess.run, [
-            sys.executable, "-m", "meshbridge", "status", "--server",
-            f"127.0.0.1:{app.admin_port}"], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        lines = out.stdout.splitlines()
-        assert lines[0].split() == ["ID", "PROTOCOL", "CLIENT", "PEER", "TYPE/TARGET", "SENT",
-                                    "ACKED", "STATE", "BEHIND"]
-        assert any("xds-sotw" in line and "eds" in line and "SYNCED" in line for line in lines)
-        assert any("linkerd-get" in line and WEB in line and "SENT" in line
-                   for line in lines)
+        # The same table from the gRPC port (istio.io/debug/syncz) and the admin port.
+        for where in (["--server", f"127.0.0.1:{app.grpc_port}"],
+                      ["--admin", f"127.0.0.1:{app.admin_port}"]):
+            out = await asyncio.to_thread(status, *where)
+            assert out.returncode == 0, out.stderr
+            lines = out.stdout.splitlines()
+            assert lines[0].split() == ["ID", "PROTOCOL", "CLIENT", "PEER", "TYPE/TARGET",
+                                        "SENT", "ACKED", "STATE", "BEHIND"]
+            assert any("xds-sotw" in line and "eds" in line and "SYNCED" in line
+                       for line in lines), (where, lines)
+            assert any("linkerd-get" in line and WEB in line and "SENT" in line
+                       for line in lines), (where, lines)
+            # The status client itself is no proxy: only the two clients are listed.
+            assert len(lines) == 3, (where, lines)
+
+        # Each address where the other is expected: one line naming what answered.
+        out = await asyncio.to_thread(status, "--server", f"127.0.0.1:{app.admin_port}")
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.count("\n") == 1 and "HTTP/1.1 server answered" in out.stderr \
+            and "--admin" in out.stderr, out.stderr
+        out = await asyncio.to_thread(status, "--admin", f"127.0.0.1:{app.grpc_port}")
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.count("\n") == 1 and "HTTP/2 server (gRPC) answered" in out.stderr \
+            and "--server" in out.stderr, out.stderr
 
 
-def test_status_without_a_server_is_one_line_and_exit_1() -> None:
-    out = subprocess.run([sys.executable, "-m", "meshbridge", "status", "--server",
+def status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshbridge", "status", *args,
+                           "--timeout", "10"], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("flag", ["--server", "--admin"])
+def test_status_without_a_server_is_one_line_and_exit_1(flag: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "meshbridge", "status", flag,
                           "127.0.0.1:1", "--timeout", "2"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 1 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "127.0.0.1:1" in out.stderr
+    assert "connection refused" in out.stderr
 
 
 async def test_endpoints_page_puts_the_view_and_both_protocols_side_by_side_in_a_browser(

@@ -157,6 +157,19 @@ def test_a_busy_port_is_one_line_naming_the_flag_and_address(
     assert f"{flag} 127.0.0.1:{busy_port}" in line and "in use" in line
 
 
+def test_a_busy_webhook_port_is_one_line_naming_its_flag(busy_port: int,
+                                                         tmp_path: Path) -> None:
+    line = the_one_line(serve("--webhook-listen", f"127.0.0.1:{busy_port}", "--webhook-cert",
+                              str(tmp_path / "absent.crt"), "--webhook-key",
+                              str(tmp_path / "absent.key")))
+    assert f"--webhook-listen 127.0.0.1:{busy_port}" in line and "in use" in line
+
+
+def test_a_webhook_without_a_certificate_is_refused_at_start() -> None:
+    line = the_one_line(serve("--webhook-listen", "127.0.0.1:0"))
+    assert "--webhook-listen needs --webhook-cert/--webhook-key" in line
+
+
 @pytest.mark.parametrize("address", ["localhost", "localhost:http", "127.0.0.1:70000"])
 def test_a_bad_listen_address_is_one_line(address: str) -> None:
     line = the_one_line(serve("--listen", address))

@@ -77,18 +77,19 @@ async def backends() -> AsyncIterator[int]:
         await s.stop(None)
 
 
-async def start_probe(xds_port: int) -> asyncio.subprocess.Process:
+async def start_probe(xds_port: int, node_id: str = "proxyless-probe",
+                      authority: str = "") -> asyncio.subprocess.Process:
     bootstrap = {
         "xds_servers": [{"server_uri": f"127.0.0.1:{xds_port}",
                          "channel_creds": [{"type": "insecure"}],
                          "server_features": ["xds_v3"]}],
-        "node": {"id": "proxyless-probe", "locality": {"zone": "zone-a"}},
+        "node": {"id": node_id, "locality": {"zone": "zone-a"}},
     }
     env = {**os.environ, "GRPC_XDS_BOOTSTRAP_CONFIG": json.dumps(bootstrap),
            "GRPC_VERBOSITY": "ERROR"}
     env.pop("GRPC_XDS_BOOTSTRAP", None)
     return await asyncio.create_subprocess_exec(
-        sys.executable, str(PROBE), f"xds:///{AUTHORITY}",
+        sys.executable, str(PROBE), f"xds:///{authority or AUTHORITY}",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
 
 

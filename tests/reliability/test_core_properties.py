@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.authority import AuthorityError, format_authority, parse_authority
+from bridge.authority import AuthorityError, format_authority, parse_authority, view_authority
 from bridge.cluster import Cluster, Event, EventType
 from bridge.model import MeshConfig, ServiceKey, ViewKey
 from bridge.objects import ObjectError, decode_object
@@ -27,7 +27,7 @@ def test_every_canonical_authority_parses_and_round_trips(
     assert authority == f"{svc}.{ns}.svc.{domain}:{port}"  # the grammar, spelled out
     key = parse_authority(authority, domain)
     assert key.service == ServiceKey(ns, svc) and key.port == port
-    assert key.authority(domain) == authority
+    assert view_authority(key, domain) == authority
 
 
 @given(st.text(max_size=300), DOMAIN)

@@ -16,7 +16,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from bridge.cluster import Cluster
 from bridge.model import ServiceKey
-from bridge.sources import DEMO_DIR
+from bridge.sources.catalog import DEMO_DIR
 from bridge.sources.files import FilesSource
 from linkerd_api.proto import destination_pb2
 from tests.polling import eventually

@@ -225,7 +225,7 @@ def test_a_pod_change_that_changes_no_endpoint_publishes_nothing() -> None:
     assert view.version == version and rep.changes == []
     load(cluster, pod("web-1", "10.0.0.1", sa="other", rv="8"))
     assert view.version == version + 1
-    encoder = UpdateEncoder(cluster, Translator(MeshConfig()), "proto")
+    encoder = UpdateEncoder(Translator(MeshConfig()), "proto")
     assert len(encoder.diff(view, rep.changes[-1])) == 1  # one add, for the real change
 
 
@@ -235,7 +235,7 @@ def test_set_labels_follow_a_slice_change_without_being_read_per_version() -> No
     load(cluster, service("web"), pod("web-1", "10.0.0.1"), pod("web-2", "10.0.0.2"),
          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
     view, rep = follow(reg, ViewKey(SVC, 80))
-    encoder = UpdateEncoder(cluster, Translator(MeshConfig()), "proto")
+    encoder = UpdateEncoder(Translator(MeshConfig()), "proto")
     stamp = cluster.slice_stamps[SVC]
     load(cluster, pod("web-1", "10.0.0.1", sa="other", rv="2"))
     assert cluster.slice_stamps[SVC] == stamp  # a pod event leaves the slices' stamp

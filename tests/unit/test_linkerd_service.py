@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from bridge.model import ServiceKey
-from bridge.sources import DEMO_DIR
+from bridge.sources.catalog import DEMO_DIR
 from bridge.sources.files import FilesSource
 from linkerd_api import errors
 from linkerd_api.profile_streams import EndpointProfileKey, ProfileStream, ServiceProfileKey

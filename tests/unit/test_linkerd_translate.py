@@ -71,7 +71,7 @@ def make(semantics: Semantics = "proto", config: MeshConfig | None = None,
     config = config or MeshConfig()
     cluster = Cluster()
     registry = ViewRegistry(cluster, config)
-    return cluster, registry, UpdateEncoder(cluster, Translator(config), semantics)
+    return cluster, registry, UpdateEncoder(Translator(config), semantics)
 
 
 def web(*eps: dict[str, Any], name: str = "web-1") -> dict[str, Any]:

@@ -11,7 +11,8 @@ import yaml
 
 from bridge.cluster import Cluster
 from bridge.model import ServiceKey
-from bridge.sources import DEMO_DIR, SourceSpecError, make_source
+from bridge.sources.base import SourceSpecError
+from bridge.sources.catalog import DEMO_DIR, make_source
 from bridge.sources.files import FilesSource
 from bridge.sources.sim import ScenarioError, SimCluster, SimSource, parse_scenario
 from tests.polling import eventually

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.authority import format_authority, parse_authority
+from bridge.authority import format_authority, parse_authority, view_authority
 from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
-from bridge.views import InvalidService, View, ViewChange, ViewRegistry
+from bridge.views import Derivation, InvalidService, View, ViewChange, ViewRegistry
 from tests.unit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
 
 SVC = ServiceKey("app", "web")
@@ -233,21 +233,41 @@ def test_a_thousand_subscribers_of_one_key_share_one_diff_per_change() -> None:
     assert [e.endpoint.ip for e in recorders[0].changes[0].added] == ["10.0.0.2"]
 
 
-def test_the_per_version_cache_is_cleared_by_a_new_version() -> None:
+class _PerVersion:
+    """A derived value that encodes each version at most once, on first read."""
+
+    def __init__(self, view: View, builds: list[int]) -> None:
+        self.view = view
+        self.builds = builds
+        self.value: int | None = None
+
+    def advance(self, change: ViewChange) -> None:
+        self.value = None
+
+    def read(self) -> int:
+        if self.value is None:
+            self.value = self.view.version
+            self.builds.append(self.value)
+        return self.value
+
+
+def test_a_derived_value_is_made_once_per_view_and_advanced_by_each_new_version() -> None:
     cluster, reg = setup()
     load(cluster, service("web"), pod("web-1", "10.0.0.1"),
          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
     view, _ = watch(reg)
     builds: list[int] = []
+    made: list[View] = []
 
-    def build() -> int:
-        builds.append(view.version)
-        return view.version
+    def make(v: View) -> _PerVersion:
+        made.append(v)
+        return _PerVersion(v, builds)
 
-    assert view.cached("bytes", build) == view.cached("bytes", build)
+    derivation = Derivation("bytes", make)
+    assert view.derived(derivation).read() == view.derived(derivation).read()
     delete(cluster, endpoint_slice("web-a", "web", []))
-    assert view.cached("bytes", build) == view.version
-    assert len(builds) == 2
+    assert view.derived(derivation).read() == view.version
+    assert len(builds) == 2 and made == [view]
 
 
 def test_a_changed_endpoint_is_re_added_and_a_vanished_one_removed() -> None:
@@ -323,7 +343,7 @@ def test_address_endpoints_without_a_pod_are_named_after_the_address() -> None:
 def test_view_metrics_follow_subscribers_versions_and_size() -> None:
     import prometheus_client
 
-    from bridge.view_metrics import ViewMetrics
+    from bridge.views.metrics import ViewMetrics
 
     registry = prometheus_client.CollectorRegistry()
     cluster = Cluster()
@@ -421,9 +441,9 @@ def test_a_change_touches_its_services_and_every_service_of_its_namespaces() -> 
 
 def test_a_view_key_is_named_by_the_one_authority_formatter() -> None:
     key = ViewKey(SVC, 8080, FilterKey(hostname="web-0"))
-    assert key.authority("c.l") == format_authority(SVC, 8080, "c.l", "web-0")
+    assert view_authority(key, "c.l") == format_authority(SVC, 8080, "c.l", "web-0")
     assert format_authority(SVC, 8080, "c.l") == "web.app.svc.c.l:8080"
-    assert parse_authority(key.authority("c.l"), "c.l") == key
+    assert parse_authority(view_authority(key, "c.l"), "c.l") == key
 
 
 def test_one_off_reads_see_what_a_new_subscriber_would() -> None:

@@ -89,7 +89,7 @@ def test_streams_sharing_a_view_with_linkerd_subscribers_see_the_same_version() 
     client.request(EDS, [WEB])
     client.responses()
     view = world.views.views()[0]
-    res = world.cache.cla_of(view, WEB)
+    res = world.cache.cla_of(view)
     assert res is world.cache.get(EDS, WEB)  # cached per View version
     world.set_endpoints("web", ["10.0.0.4"])
     assert world.cache.get(EDS, WEB) is not res

@@ -18,9 +18,13 @@
   `"never"`), gets the CLA whose localities name LEDS collections instead
   (`caches/leds.py` serves their members, from the same CLA assembly).
 
-A watched name is an `EndpointWatch`: the View's subscriber on the stream's behalf,
-keeping the View it joined (and is handed on every change), so that what is due is
-read from that View and the name is parsed once, when it is first watched.
+Each watched View carries one `ClaState` (a value the View derives and advances
+itself with every version, `bridge.views.derived`): its CLA kept assembled
+(`xds_api/assembly.py`), moved by each version's delta, and the CLA encoded at most
+once per version for every stream. A watched name is an `EndpointWatch`: the View's
+subscriber on the stream's behalf, parsed once when first watched, and handed the
+View's `ClaState` on every version, from which its stream's next reply takes the
+encoded CLA (no lookup of the View, no check of whether it is current).
 """
 
 from __future__ import annotations
@@ -29,8 +33,16 @@ import weakref
 from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
+from bridge.authority import view_authority
 from bridge.model import EndpointId, FilterKey, ServiceKey, ViewKey
-from bridge.views import InvalidService, View, ViewChange, ViewRegistry, ViewSubscriber
+from bridge.views import (
+    Derivation,
+    InvalidService,
+    View,
+    ViewChange,
+    ViewRegistry,
+    ViewSubscriber,
+)
 from xds_api import resource_types as rt
 from xds_api.assembly import ClaAssembly
 from xds_api.caches.type_cache import Version, Watcher
@@ -60,6 +72,9 @@ class ViewWatch(ViewSubscriber, Protocol):
     @property
     def name(self) -> str:
         """The resource name watched (an EDS name, a LEDS collection)."""
+
+    def joined(self, view: View) -> None:
+        """The watch joined `view` (its subscription succeeded): take what it is due."""
 
 
 W = TypeVar("W", bound=ViewWatch)
@@ -99,7 +114,7 @@ def retry_blocked(views: ViewRegistry, blocked: dict[ServiceKey, set[W]],
             continue
         for watch in sorted(waiting, key=lambda w: w.name):
             try:
-                watch.view = views.subscribe(watch.key, watch, watch.watcher.protocol)
+                watch.joined(views.subscribe(watch.key, watch, watch.watcher.protocol))
             except InvalidService:
                 continue
             waiting.discard(watch)
@@ -111,22 +126,72 @@ def retry_blocked(views: ViewRegistry, blocked: dict[ServiceKey, set[W]],
 class EndpointWatch:
     """One EDS name watched by one stream: the View's subscriber on its behalf."""
 
-    __slots__ = ("cache", "key", "name", "view", "watcher")
+    __slots__ = ("cache", "key", "name", "state", "sub", "view", "watcher")
 
-    def __init__(self, cache: EndpointCache, name: str, key: ViewKey,
+    def __init__(self, cache: EndpointCache, sub: Subscription, name: str, key: ViewKey,
                  watcher: Watcher) -> None:
         self.cache = cache
+        self.sub = sub
         self.name = name
         self.key = key
         self.watcher = watcher
         # None while the service cannot be watched (ExternalName): retried when a
         # cluster change touches it.
         self.view: View | None = None
+        self.state: ClaState | None = None  # the View's CLA, at the View's version
+
+    def joined(self, view: View) -> None:
+        self.view = view
+        self.state = view.derived(self.cache.clas)
 
     def on_view_change(self, view: View, change: ViewChange) -> None:
-        self.view = view
-        self.cache.view_changed(view, change)
+        self.joined(view)
         self.watcher.endpoints_changed(self.name, view)
+
+    def resource(self) -> EncodedResource | None:
+        """What the stream is due for this name now: the View's CLA as its variant
+        gets it, encoded at most once per version for every watch (§2.1, §7)."""
+        view, state, sub = self.view, self.state, self.sub
+        if view is None or state is None:
+            # ExternalName: no endpoints, and no EDS cluster either.
+            return None if sub.delta else self.cache.empty_cla(self.name)
+        if sub.delta and not view.exists:
+            return None  # §2.1: deleted (or not created yet) is not "no endpoints"
+        return state.leds_cla() if self.cache.uses_leds(sub, view) else state.cla()
+
+
+class ClaState:
+    """One View's ClusterLoadAssignment under one EndpointCache: its assembly, moved
+    by each version's delta alone (O(change)), and the CLA, plain and for LEDS
+    clients, each encoded at most once per version whatever the number of streams."""
+
+    __slots__ = ("__weakref__", "_cache", "_cla", "_leds_cla", "assembly", "name")
+
+    def __init__(self, cache: EndpointCache, view: View) -> None:
+        self._cache = cache
+        self.name = view_authority(view.key, cache.cluster_domain)
+        self.assembly = ClaAssembly(cache.draining, cache.metadata)
+        self.assembly.rebuild(view.snapshot.values(), view.version)
+        self._cla: EncodedResource | None = None
+        self._leds_cla: EncodedResource | None = None
+
+    def advance(self, change: ViewChange) -> None:
+        self.assembly.apply(change.added, change.removed, change.current, change.version)
+        self._cla = self._leds_cla = None
+
+    def cla(self) -> EncodedResource:
+        if self._cla is None:
+            self._cla = self._cache.counted(self.assembly.resource(self.name))
+        return self._cla
+
+    def leds_cla(self) -> EncodedResource:
+        """The CLA for LEDS clients: one collection per locality (§7.2)."""
+        if self._leds_cla is None:
+            name = self.name
+            body = encode_leds_cla_body(name, sorted(self.assembly.runs),
+                                        lambda locality: leds_collection(name, locality))
+            self._leds_cla = self._cache.counted(encode_resource(rt.ENDPOINT, name, body))
+        return self._leds_cla
 
 
 class EndpointCache:
@@ -148,11 +213,10 @@ class EndpointCache:
         self._watches: dict[Subscription, dict[str, EndpointWatch]] = {}
         # Watches whose service cannot be subscribed to now (ExternalName).
         self._blocked: dict[ServiceKey, set[EndpointWatch]] = {}
-        # Per View: its CLA kept assembled across versions (xds_api.assembly).
-        self._assemblies: weakref.WeakKeyDictionary[View, ClaAssembly] = (
-            weakref.WeakKeyDictionary())
-        self._cla_key = ("xds_api.cla", draining)
-        self._leds_cla_key = ("xds_api.cla.leds", draining)
+        # Each watched View's CLA, kept by the View (`ClaState`); the set lets a pod
+        # change reach the assemblies without holding a View alive.
+        self.clas = Derivation("xds-cla", self._new_state)
+        self._states: weakref.WeakSet[ClaState] = weakref.WeakSet()
 
     def version(self) -> str:
         return str(self._version)
@@ -171,23 +235,16 @@ class EndpointCache:
             # Not subscribable (ExternalName) or not watched: no endpoints.
             if delta and not self._exists(key):
                 return None
-            return self._encode_cla(name, None)
+            return self.empty_cla(name)
         if delta and not view.exists:
             return None
-        return self.cla_of(view, name)
+        return self.cla_of(view)
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
         watch = self._watches.get(sub, {}).get(name)
         if watch is None:
             return self.get(name, sub.node_name, delta=sub.delta)
-        view = watch.view
-        if view is None:  # ExternalName: no endpoints, and no EDS cluster either
-            return None if sub.delta else self._encode_cla(name, None)
-        if sub.delta and not view.exists:
-            return None  # §2.1: deleted (or not created yet) is not "no endpoints"
-        if self.uses_leds(sub, view):
-            return self.leds_cla_of(view, name)
-        return self.cla_of(view, name)
+        return watch.resource()
 
     def uses_leds(self, sub: Subscription, view: View) -> bool:
         """Whether this subscription gets the View's CLA as LEDS collections (§7)."""
@@ -197,16 +254,10 @@ class EndpointCache:
             return True
         return 0 < self.leds_threshold <= len(view.snapshot)
 
-    def cla_of(self, view: View, name: str) -> EncodedResource:
-        """The View's CLA, encoded at most once per View version for every stream."""
-        res: EncodedResource = view.cached(self._cla_key, lambda: self._encode_cla(name, view))
-        return res
-
-    def leds_cla_of(self, view: View, name: str) -> EncodedResource:
-        """The View's CLA for LEDS clients: one collection per locality (§7.2)."""
-        res: EncodedResource = view.cached(
-            self._leds_cla_key, lambda: self._encode_leds_cla(name, view))
-        return res
+    def cla_of(self, view: View) -> EncodedResource:
+        """The View's CLA (named as the View is), encoded at most once per View
+        version for every stream."""
+        return view.derived(self.clas).cla()
 
     def wildcard_names(self) -> Iterable[str]:
         return ()
@@ -214,46 +265,40 @@ class EndpointCache:
     def covers(self, name: str) -> bool:
         return False
 
-    def assembly_of(self, view: View) -> ClaAssembly:
-        """The View's CLA assembly at its current version: followed change by change
-        (`view_changed`), rebuilt from the snapshot only when it missed one."""
-        asm = self._assemblies.get(view)
-        if asm is None:
-            asm = self._assemblies[view] = ClaAssembly(self.draining, self.metadata)
-        if asm.version != view.version:
-            asm.rebuild(view.snapshot.values(), view.version)
-        return asm
+    def preview(self, view: View) -> EncodedResource:
+        """The View's CLA encoded afresh and kept nowhere, for debug pages: reading
+        it moves no version and no metric, and registers nothing on the View."""
+        asm = ClaAssembly(self.draining, self.metadata)
+        asm.rebuild(view.snapshot.values(), view.version)
+        return asm.resource(view_authority(view.key, self.cluster_domain))
 
-    def view_changed(self, view: View, change: ViewChange) -> None:
-        """A watched View published `change`: move its assembly by the delta alone
-        (once, however many watches share the View)."""
-        asm = self._assemblies.get(view)
-        if asm is not None and asm.version == change.version - 1:
-            asm.apply(change.added, change.removed, change.current, change.version)
+    def assembly_of(self, view: View) -> ClaAssembly:
+        """The View's CLA assembly, at its current version."""
+        return view.derived(self.clas).assembly
+
+    def _new_state(self, view: View) -> ClaState:
+        state = ClaState(self, view)
+        self._states.add(state)
+        return state
 
     def pods_changed(self, pods: Iterable[tuple[str, str]]) -> None:
         """Pods whose labels may have changed: the istio profile's metadata reads them
         even when the endpoint itself is unchanged, so look again at the next change."""
         if self.metadata.profile != ISTIO_METADATA:
             return
-        for asm in list(self._assemblies.values()):
+        for state in list(self._states):
+            asm = state.assembly
             for ns, pod in pods:
                 for family in ("IPv4", "IPv6", ""):
                     eid = EndpointId("pod", ns, pod, family)
                     if eid in asm.entries:
                         asm.rekey.add(eid)
 
-    def _encode_cla(self, name: str, view: View | None) -> EncodedResource:
-        if view is None:
-            return self._counted(ClaAssembly(self.draining, self.metadata).resource(name))
-        return self._counted(self.assembly_of(view).resource(name))
+    def empty_cla(self, name: str) -> EncodedResource:
+        """The empty CLA of a name no View stands behind."""
+        return self.counted(ClaAssembly(self.draining, self.metadata).resource(name))
 
-    def _encode_leds_cla(self, name: str, view: View) -> EncodedResource:
-        body = encode_leds_cla_body(name, sorted(self.assembly_of(view).runs),
-                                    lambda locality: leds_collection(name, locality))
-        return self._counted(encode_resource(rt.ENDPOINT, name, body))
-
-    def _counted(self, res: EncodedResource) -> EncodedResource:
+    def counted(self, res: EncodedResource) -> EncodedResource:
         self._version.bump()
         self.metrics.serializations[rt.ENDPOINT].inc()
         return res
@@ -278,9 +323,9 @@ class EndpointCache:
             key = self._view_key(name, watcher.node_name)
             if key is None or name in watches:
                 continue  # names no service port: never exists, nothing to watch
-            watch = watches[name] = EndpointWatch(self, name, key, watcher)
+            watch = watches[name] = EndpointWatch(self, sub, name, key, watcher)
             try:
-                watch.view = self.views.subscribe(key, watch, watcher.protocol)
+                watch.joined(self.views.subscribe(key, watch, watcher.protocol))
             except InvalidService:
                 self._blocked.setdefault(key.service, set()).add(watch)
         if not watches:

@@ -8,25 +8,25 @@ locality of a CLA (§7), so that a one-endpoint change is one small delta respon
   are what the client holds; `removed_resources` carries members that left and, once,
   a collection that does not exist (not ours, or its service port does not).
 * Content: the very LbEndpoint bytes the CLA would carry, from the View's CLA
-  assembly (`EndpointCache.assembly_of`, `xds_api/assembly.py`); each View's members
-  move with its changes (`view_changed`), wrapped as resources once per endpoint
+  assembly (`caches/endpoints.py` `ClaState`, `xds_api/assembly.py`); each watched
+  View keeps its members as a value it derives (`MemberState`, advanced by the View
+  with each version, after the assembly), wrapped as resources once per endpoint
   change for every stream, and a stream in step compares only the members changed
   since its last reply (`delta_reply`).
 * Wildcard: none.
 
 A watched collection is a `CollectionWatch`: the View's subscriber on the stream's
-behalf, like an EDS watch.
+behalf, like an EDS watch, handed the View's members on every version.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 
 from bridge.model import FilterKey, ServiceKey, ViewKey
-from bridge.views import InvalidService, View, ViewChange, ViewRegistry
+from bridge.views import Derivation, InvalidService, View, ViewChange, ViewRegistry
 from xds_api import resource_types as rt
-from xds_api.caches.endpoints import EndpointCache, drop_watches, retry_blocked
+from xds_api.caches.endpoints import ClaState, EndpointCache, drop_watches, retry_blocked
 from xds_api.caches.type_cache import Reply, Version, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.names import (
@@ -46,24 +46,24 @@ LOG_VERSIONS = 64
 
 
 class MemberState:
-    """One View's LEDS members at one of its versions, and which members each recent
-    version changed, so that a stream in step compares only those (`delta_reply`)."""
+    """One View's LEDS members at its current version, and which members each recent
+    version changed, so that a stream in step compares only those (`delta_reply`).
+    Built once from the View's CLA assembly, then moved by each version's moves of
+    the assembly alone, O(change), once for every stream."""
 
-    __slots__ = ("__weakref__", "log", "members", "sources", "version")
+    __slots__ = ("_cache", "_cla", "log", "members", "sources", "version")
 
-    def __init__(self) -> None:
+    def __init__(self, cache: LedsCache, view: View) -> None:
+        self._cache = cache
+        # Made (so advanced) before this: the members follow what it moved.
+        self._cla: ClaState = view.derived(cache.endpoints.clas)
         self.version = -1
         self.members: Members = {}
         self.sources: dict[str, bytes] = {}  # member -> the LbEndpoint bytes wrapped
         # View version -> collection -> member names that version added, changed or
         # removed; only versions followed change by change since the last build.
         self.log: dict[int, dict[str, set[str]]] = {}
-
-    def record(self, version: int, changed: dict[str, set[str]]) -> None:
-        self.log[version] = changed
-        self.version = version
-        while len(self.log) > LOG_VERSIONS:
-            del self.log[next(iter(self.log))]
+        self._build(view.version)
 
     def changed_since(self, version: int, collection: str) -> set[str] | None:
         """Members of `collection` changed after `version`; None if not all known."""
@@ -75,11 +75,72 @@ class MemberState:
             out |= changed.get(collection, set())
         return out
 
+    def advance(self, change: ViewChange) -> None:
+        moves = self._cla.assembly.moves
+        if moves is None:  # the assembly was built anew: so are the members
+            self._build(change.version)
+            return
+        name = self._cla.name
+        changed: dict[str, set[str]] = {}
+        encoded = 0
+        for before, after in moves:
+            if before is not None:
+                collection, member = _member_name(name, before)
+                members = self.members.get(collection)
+                if members is not None and members.pop(member, None) is not None:
+                    self.sources.pop(member, None)
+                    changed.setdefault(collection, set()).add(member)
+            if after is not None:
+                collection, member = _member_name(name, after)
+                self.members.setdefault(collection, {})[member] = encode_resource(
+                    rt.LB_ENDPOINT, member, after.data)
+                self.sources[member] = after.data
+                changed.setdefault(collection, set()).add(member)
+                encoded += 1
+        self.log[change.version] = changed
+        self.version = change.version
+        while len(self.log) > LOG_VERSIONS:
+            del self.log[next(iter(self.log))]
+        self._cache.counted(encoded)
+
+    def _build(self, version: int) -> None:
+        name = self._cla.name
+        old = self.members
+        out: Members = {}
+        sources: dict[str, bytes] = {}
+        encoded = 0
+        for locality, run in sorted(self._cla.assembly.runs.items()):
+            collection = leds_collection(name, locality)
+            members = out[collection] = {}
+            previous = old.get(collection, {})
+            for enc in run.members():
+                ep = enc.source.endpoint
+                member = leds_member(collection, ep.ip, ep.port)
+                prev = previous.get(member)
+                if prev is not None and self.sources.get(member) is enc.data:
+                    res = prev
+                else:
+                    res = encode_resource(rt.LB_ENDPOINT, member, enc.data)
+                    encoded += 1
+                members[member] = res
+                sources[member] = enc.data
+        self.members = out
+        self.sources = sources
+        self.version = version
+        self.log.clear()  # streams synced to an older version start over
+        self._cache.counted(encoded)
+
+
+def _member_name(name: str, enc: EncodedEndpoint) -> tuple[str, str]:
+    collection = leds_collection(name, enc.locality)
+    ep = enc.source.endpoint
+    return collection, leds_member(collection, ep.ip, ep.port)
+
 
 class CollectionWatch:
     """One collection watched by one stream: the View's subscriber on its behalf."""
 
-    __slots__ = ("cache", "collection", "key", "view", "watcher")
+    __slots__ = ("cache", "collection", "key", "state", "view", "watcher")
 
     def __init__(self, cache: LedsCache, collection: str, key: ViewKey,
                  watcher: Watcher) -> None:
@@ -88,14 +149,18 @@ class CollectionWatch:
         self.key = key
         self.watcher = watcher
         self.view: View | None = None  # None while the service cannot be watched
+        self.state: MemberState | None = None  # the View's members, at its version
 
     @property
     def name(self) -> str:
         return self.collection
 
-    def on_view_change(self, view: View, change: ViewChange) -> None:
+    def joined(self, view: View) -> None:
         self.view = view
-        self.cache.view_changed(view, change)
+        self.state = view.derived(self.cache.members_of)
+
+    def on_view_change(self, view: View, change: ViewChange) -> None:
+        self.joined(view)
         self.watcher.resource_changed(rt.LB_ENDPOINT, self.collection)
 
 
@@ -112,9 +177,8 @@ class LedsCache:
         self._version = Version(prefix)
         self._watches: dict[Subscription, dict[str, CollectionWatch]] = {}
         self._blocked: dict[ServiceKey, set[CollectionWatch]] = {}
-        # Per View: its members, kept across versions (`view_changed`).
-        self._states: weakref.WeakKeyDictionary[View, MemberState] = (
-            weakref.WeakKeyDictionary())
+        # Each watched View's members, kept by the View (`MemberState`).
+        self.members_of = Derivation("xds-leds-members", lambda view: MemberState(self, view))
 
     def version(self) -> str:
         return str(self._version)
@@ -130,7 +194,7 @@ class LedsCache:
         view = self.views.view(parsed)
         if view is None or not view.exists:
             return None
-        return self._members_of(view).get(collection_of(name), {}).get(name)
+        return view.derived(self.members_of).members.get(collection_of(name), {}).get(name)
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
         members = self.members(sub, collection_of(name))
@@ -139,9 +203,9 @@ class LedsCache:
     def members(self, sub: Subscription, collection: str) -> dict[str, EncodedResource] | None:
         """The collection's members as `sub` is due them; None if it does not exist."""
         watch = self._watches.get(sub, {}).get(collection)
-        if watch is None or watch.view is None or not watch.view.exists:
+        if watch is None or watch.state is None or watch.view is None or not watch.view.exists:
             return None
-        return self._members_of(watch.view).get(collection, {})
+        return watch.state.members.get(collection, {})
 
     def wildcard_names(self) -> Iterable[str]:
         return ()
@@ -149,82 +213,8 @@ class LedsCache:
     def covers(self, name: str) -> bool:
         return False
 
-    def _members_of(self, view: View) -> Members:
-        return self._state_of(view).members
-
-    def _state_of(self, view: View) -> MemberState:
-        """The View's members at its current version: moved by each change alone
-        (`view_changed`), built from the whole assembly only when it missed one."""
-        state = self._states.get(view)
-        if state is None:
-            state = self._states[view] = MemberState()
-        if state.version != view.version:
-            self._build(view, state)
-        return state
-
-    def view_changed(self, view: View, change: ViewChange) -> None:
-        """A watched View published `change`: move its members by what the CLA's
-        assembly says changed, O(change), once for every stream."""
-        self.endpoints.view_changed(view, change)
-        state = self._states.get(view)
-        if state is None or state.version != change.version - 1:
-            return
-        asm = self.endpoints.assembly_of(view)
-        if asm.moves is None:
-            return  # rebuilt: `_state_of` builds the members again
-        name = view.key.authority(self.cluster_domain)
-        changed: dict[str, set[str]] = {}
-        encoded = 0
-        for before, after in asm.moves:
-            if before is not None:
-                collection, member = self._member_name(name, before)
-                members = state.members.get(collection)
-                if members is not None and members.pop(member, None) is not None:
-                    state.sources.pop(member, None)
-                    changed.setdefault(collection, set()).add(member)
-            if after is not None:
-                collection, member = self._member_name(name, after)
-                state.members.setdefault(collection, {})[member] = encode_resource(
-                    rt.LB_ENDPOINT, member, after.data)
-                state.sources[member] = after.data
-                changed.setdefault(collection, set()).add(member)
-                encoded += 1
-        state.record(change.version, changed)
-        if encoded:
-            self._version.bump()
-            self.metrics.serializations[rt.LB_ENDPOINT].inc(encoded)
-
-    @staticmethod
-    def _member_name(name: str, enc: EncodedEndpoint) -> tuple[str, str]:
-        collection = leds_collection(name, enc.locality)
-        ep = enc.source.endpoint
-        return collection, leds_member(collection, ep.ip, ep.port)
-
-    def _build(self, view: View, state: MemberState) -> None:
-        name = view.key.authority(self.cluster_domain)
-        old = state.members
-        out: Members = {}
-        sources: dict[str, bytes] = {}
-        encoded = 0
-        for locality, run in sorted(self.endpoints.assembly_of(view).runs.items()):
-            collection = leds_collection(name, locality)
-            members = out[collection] = {}
-            previous = old.get(collection, {})
-            for enc in run.members():
-                ep = enc.source.endpoint
-                member = leds_member(collection, ep.ip, ep.port)
-                prev = previous.get(member)
-                if prev is not None and state.sources.get(member) is enc.data:
-                    res = prev
-                else:
-                    res = encode_resource(rt.LB_ENDPOINT, member, enc.data)
-                    encoded += 1
-                members[member] = res
-                sources[member] = enc.data
-        state.members = out
-        state.sources = sources
-        state.version = view.version
-        state.log.clear()  # streams synced to an older version start over
+    def counted(self, encoded: int) -> None:
+        """`encoded` member resources were wrapped anew: a new LEDS version."""
         if encoded:
             self._version.bump()
             self.metrics.serializations[rt.LB_ENDPOINT].inc(encoded)
@@ -262,7 +252,8 @@ class LedsCache:
         for collection in sorted(collections):
             watch = watches.get(collection) if collection in sub.names else None
             view = watch.view if watch is not None else None
-            if view is None or not view.exists:
+            state = watch.state if watch is not None else None
+            if view is None or state is None or not view.exists:
                 sub.leds_synced.pop(collection, None)
                 held = held if held is not None else self._held(sub, collections)
                 removed.extend(sorted(n for n in held[collection] if sub.sent[n] != ABSENT))
@@ -271,7 +262,6 @@ class LedsCache:
                 continue
             if sub.sent.get(collection) == ABSENT:
                 del sub.sent[collection]  # it exists again: members are what it holds
-            state = self._state_of(view)
             members = state.members.get(collection, {})
             synced = sub.leds_synced.get(collection)
             changed = (state.changed_since(synced[1], collection)
@@ -322,7 +312,7 @@ class LedsCache:
                 continue
             watch = watches[collection] = CollectionWatch(self, collection, key, watcher)
             try:
-                watch.view = self.views.subscribe(key, watch, watcher.protocol)
+                watch.joined(self.views.subscribe(key, watch, watcher.protocol))
             except InvalidService:
                 self._blocked.setdefault(key.service, set()).add(watch)
         if not watches:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from bridge.authority import view_authority
 from bridge.model import ServiceKey, ViewKey
 from bridge.objects import Service, ServicePort
 
@@ -63,7 +64,7 @@ class ServicePorts:
         if svc is not None:
             for sp in svc.ports:
                 key = ViewKey(svc_key, sp.port)
-                name = key.authority(self.cluster_domain)
+                name = view_authority(key, self.cluster_domain)
                 # A port number listed twice (TCP and UDP) is one name: the first wins.
                 entries.setdefault(name, PortEntry(key, svc, sp))
         old = self._by_service.pop(svc_key, set())

@@ -7,7 +7,8 @@ route model (bridge.routes) for the client kind and namespace that asks.
   it removed, once).
 * Content: a port without routes sends everything to its own cluster. A port with
   routes gets its table (Routes §1.2: the client namespace's consumer routes, else
-  the producer's) as Envoy is told it, or restricted to what grpc accepts (§3.8).
+  the producer's; a ServiceProfile's where one routes the port, Routes §7) as Envoy is
+  told it, or restricted to what grpc accepts (§3.8).
   Each variant is encoded once per route change, whatever the number of streams.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 
 import structlog
 
+from bridge.authority import view_authority
 from bridge.model import ViewKey
 from bridge.routes.index import PortKey, RouteIndex
 from xds_api import resource_types as rt
@@ -36,7 +38,7 @@ log = structlog.get_logger("meshbridge.xds.routes")
 
 # A subscription's client kind (its node's, xds_api.node_identity) as a ClientKind.
 _KINDS = {kind.value: kind for kind in ClientKind}
-# (name, client kind, table group: "" for the producer's or a consumer namespace)
+# (name, client kind, table group: PortRoutes.group_of's key)
 VariantKey = tuple[str, ClientKind, str]
 
 
@@ -73,40 +75,51 @@ class RouteCache:
                 client_namespace: str) -> EncodedResource | None:
         """The RouteConfiguration `name` as a client of this kind in this namespace is
         sent it; None if the name is no service port."""
-        entry = self.ports.entries.get(name)
-        if entry is None:
+        built = self._variant(name, client, client_namespace)
+        if built is None:
             return None
-        port_routes = self.routes.port(entry.key.service, entry.key.port)
-        group = (client_namespace if port_routes is not None
-                 and client_namespace in port_routes.consumers else "")
-        key = (name, client, group)
-        res = self._built.get(key)
-        if res is not None:
-            return res
-        table = port_routes.table_for(group) if port_routes is not None else None
-        if table is None:
-            message = build_default_route(name)
-            left_out: tuple[Unrepresentable, ...] = ()
-        else:
-            message, left_out = build_route_config(name, table, client,
-                                                   self.ports.cluster_domain)
-        res = self._built[key] = encode_named(self.type_url, name, message)
+        key, res, left_out = built
+        kept = self._built.get(key)
+        if kept is not None:
+            return kept
+        self._built[key] = res
         self.left_out[key] = left_out
         self.metrics.serializations[self.type_url].inc()
         for item in left_out:
             self._log_once(client, item)
         return res
 
-    def left_out_of(self, name: str, client: ClientKind,
-                    client_namespace: str) -> tuple[Unrepresentable, ...]:
-        """What `variant(name, client, client_namespace)` could not tell that client."""
+    def preview(self, name: str, client: ClientKind, client_namespace: str
+                ) -> tuple[EncodedResource, tuple[Unrepresentable, ...]] | None:
+        """`variant` and what it leaves out, for debug pages: what is kept if it was
+        built, else built afresh and kept nowhere, so a read counts and logs nothing."""
+        built = self._variant(name, client, client_namespace)
+        if built is None:
+            return None
+        key, res, left_out = built
+        kept = self._built.get(key)
+        return (kept, self.left_out.get(key, ())) if kept is not None else (res, left_out)
+
+    def _variant(self, name: str, client: ClientKind, client_namespace: str
+                 ) -> tuple[tuple[str, ClientKind, str], EncodedResource,
+                            tuple[Unrepresentable, ...]] | None:
         entry = self.ports.entries.get(name)
-        if entry is None or self.variant(name, client, client_namespace) is None:
-            return ()
+        if entry is None:
+            return None
         port_routes = self.routes.port(entry.key.service, entry.key.port)
-        group = (client_namespace if port_routes is not None
-                 and client_namespace in port_routes.consumers else "")
-        return self.left_out.get((name, client, group), ())
+        group = port_routes.group_of(client_namespace) if port_routes is not None else ""
+        key = (name, client, group)
+        res = self._built.get(key)
+        if res is not None:
+            return key, res, self.left_out.get(key, ())
+        table = port_routes.table_of(group) if port_routes is not None else None
+        if table is None:
+            message = build_default_route(name)
+            left_out: tuple[Unrepresentable, ...] = ()
+        else:
+            message, left_out = build_route_config(name, table, client,
+                                                   self.ports.cluster_domain)
+        return key, encode_named(self.type_url, name, message), left_out
 
     def _log_once(self, client: ClientKind, item: Unrepresentable) -> None:
         key = (client, item.route, item.what)
@@ -151,7 +164,7 @@ class RouteCache:
             self.watchers.notify(changed)
 
     def _routes_changed(self, ports: frozenset[PortKey]) -> None:
-        names = {ViewKey(svc, port).authority(self.ports.cluster_domain)
+        names = {view_authority(ViewKey(svc, port), self.ports.cluster_domain)
                  for svc, port in ports}
         self._forget(names)
         self._version.bump()

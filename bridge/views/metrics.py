@@ -35,8 +35,8 @@ class ViewMetrics:
     @staticmethod
     def _labels(view: View) -> tuple[str, ...]:
         k = view.key
-        return ("local", k.service.namespace, k.service.name, str(k.port), k.filter.hostname,
-                k.filter.node_name)
+        return (view.cluster.name, k.service.namespace, k.service.name, str(k.port),
+                k.filter.hostname, k.filter.node_name)
 
     def published(self, view: View) -> None:
         labels = self._labels(view)
