@@ -360,6 +360,7 @@ tr:nth-child(even){{background:#f3f3f3}}</style></head>
 {subscribed} subscriptions &middot;
 <a href="/debug/views">/debug/views</a> &middot; <a href="/debug/streams">/debug/streams</a>
 &middot; <a href="/debug/syncz">/debug/syncz</a>
+&middot; <a href="/debug/clusters">/debug/clusters</a>
 &middot; <a href="/metrics">/metrics</a> &middot; <a href="/ready">/ready</a></p>
 <h2>Service ports</h2>
 <table id="services"><tr><th>service</th><th>port</th><th>type</th><th>authority</th>

@@ -109,11 +109,15 @@ async def test_a_linked_cluster_is_watched_only_for_what_the_local_services_want
     assert s.sample("endpointslices_cache_size", cluster="east") == 0  # nothing wanted yet
     mirror_foo(s)
     ns = s.local_objs.ns
-    await eventually(lambda: names(s.east_cluster(), "Pod", ns) == {"foo-0", "foo-1"}, WAIT,
-                     lambda: f"pods: {names(s.east_cluster(), 'Pod', ns)}")
-    cluster = s.east_cluster()
-    assert names(cluster, "Service", ns) == {"foo"}
-    assert names(cluster, "EndpointSlice", ns) == {"foo-abc"}
+
+    def watched() -> tuple[set[str], set[str], set[str]]:
+        # Each kind has its own watch: they are seen in no particular order.
+        cluster = s.east_cluster()
+        return (names(cluster, "Pod", ns), names(cluster, "Service", ns),
+                names(cluster, "EndpointSlice", ns))
+
+    await eventually(lambda: watched() == ({"foo-0", "foo-1"}, {"foo"}, {"foo-abc"}), WAIT,
+                     lambda: f"pods, services, slices: {watched()}")
     assert set(s.store.demand.of("east")) == {ServiceKey(ns, "foo")}
     assert s.sample("endpointslices_cache_size", cluster="east") == 1
     assert s.sample("pod_cache_size", cluster="east") == 2
