@@ -47,10 +47,10 @@ async def one_run(edits: int, stages: bool, streams: int) -> dict[str, Any]:
     if stages:  # wrap the two seams the stages are cut at, for this process only
         handle, apply = kube_source.KindWatcher._handle, Cluster.apply
 
-        def timed_handle(self: Any, event: dict[str, Any]) -> None:
-            if self.spec.kind == "EndpointSlice" and event.get("type") == "MODIFIED":
+        def timed_handle(self: Any, etype: str, raw: dict[str, Any]) -> None:
+            if self.spec.kind == "EndpointSlice" and etype == "MODIFIED":
                 marks["read"].append(time.monotonic_ns())
-            handle(self, event)
+            handle(self, etype, raw)
 
         def timed_apply(self: Any, events: Any) -> Any:
             if any(e.obj.kind == "EndpointSlice" for e in events):

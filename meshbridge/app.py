@@ -42,6 +42,10 @@ log = structlog.get_logger("meshbridge.app")
 T = TypeVar("T")
 
 
+# Service ports up to which `serve` logs a line each once synced.
+SUMMARY_PORTS = 100
+
+
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     listen: str = "0.0.0.0:8086"
@@ -309,7 +313,16 @@ class App:
                 rows.append((str(key), sp.port, ready, len(filtered)))
         return rows
 
-    def log_summary(self) -> None:
+    def log_summary(self, limit: int = SUMMARY_PORTS) -> None:
+        """A line per service port, as the demo shows; a cluster with more service
+        ports than `limit` gets one line of counts instead: a line per port of a big
+        cluster is noise, and merging every port to count its endpoints would enrich
+        every endpoint of the cluster before the first client asked for one."""
+        ports = sum(len(s.ports) for s in self.cluster.services.values())
+        if ports > limit:
+            log.info("serving", service_ports=ports, **self.cluster.counts(),
+                     note=f"one line per service port up to {limit}: see /debug/views")
+            return
         for service, port, ready, total in self.service_port_summary():
             ns, name = service.split("/", 1)
             log.info("service port", namespace=ns, service=name, port=port,

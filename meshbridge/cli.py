@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -240,6 +239,7 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    gctune.before_sync()
     try:
         await app.start(wait_synced=False)
     except OSError as e:
@@ -341,10 +341,25 @@ class Parser(argparse.ArgumentParser):
 
 
 def version() -> str:
+    import importlib.metadata  # only for --version: a fair share of start-up's imports
+
     try:
         return importlib.metadata.version("meshbridge")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
         return "unknown"
+
+
+class _Version(argparse.Action):
+    """argparse's `version` action, finding the version only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"meshbridge {version()}")
+        parser.exit()
 
 
 def env_name(action: argparse.Action) -> str | None:
@@ -399,8 +414,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                     "and Envoy's xDS. Every flag can also be set as MESHBRIDGE_<FLAG> "
                     "(e.g. MESHBRIDGE_LOG_LEVEL=debug); the command line wins.",
     )
-    parser.add_argument("--version", action="version", version=f"meshbridge {version()}",
-                        help="print the version and exit")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_HELP)
     _add_common(serve)

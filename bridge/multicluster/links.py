@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ from typing import Any
 import yaml
 
 from bridge.objects import Secret
-from bridge.sources.kube_api import Credentials
+from bridge.sources import kubeconfig as kubeconfig_reader
+from bridge.sources.kubeconfig import Credentials
 
 # Linkerd's cluster-store contract (`linkerd multicluster link` writes these).
 CLUSTER_NAME_LABEL = "multicluster.linkerd.io/cluster-name"
@@ -125,8 +127,6 @@ def parse_link_flag(text: str) -> Link:
 def link_credentials(link: Link) -> Credentials:
     """The credentials of the kubeconfig's current context; LinkError naming what is
     wrong (it does not parse, has no usable context, or names no server)."""
-    from kubernetes import client, config  # heavy; only linked clusters need it here
-
     try:
         loaded: Any = yaml.safe_load(link.kubeconfig)
     except yaml.YAMLError as e:
@@ -138,13 +138,13 @@ def link_credentials(link: Link) -> Credentials:
     if not isinstance(loaded, dict):
         raise LinkError(link.origin, "bad_kubeconfig", "kubeconfig is not a mapping",
                         link.name)
-    cfg = client.Configuration()
-    try:
-        config.load_kube_config_from_dict(loaded, client_configuration=cfg)
-    except Exception as e:  # the library raises more than ConfigException for bad input
-        reason = str(e).removeprefix("Invalid kube-config file. ")
-        raise LinkError(link.origin, "bad_kubeconfig", f"kubeconfig: {reason}",
-                        link.name) from None
-    from bridge.sources.kube_api import credentials_of
-
-    return credentials_of(cfg)
+    # The kubeconfig reader reads files (kubectl's rules, inline certificates written
+    # to private files of its own): the Secret's kubeconfig is one for that long only.
+    with tempfile.TemporaryDirectory(prefix="meshbridge-link-") as folder:
+        path = Path(folder) / "kubeconfig"
+        path.write_bytes(link.kubeconfig)
+        try:
+            return kubeconfig_reader.from_kubeconfig(str(path))
+        except kubeconfig_reader.KubeconfigError as e:
+            raise LinkError(link.origin, "bad_kubeconfig", f"kubeconfig: {e}",
+                            link.name) from None

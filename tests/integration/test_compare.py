@@ -18,7 +18,7 @@ from harness.compare import truth as compare_truth
 from harness.compare.cli import compare
 from harness.compare.run import RunOptions
 from harness.compare.scenario import parse_compare_scenario
-from harness.normalize import State
+from harness.normalize import NormalEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "bench" / "scenarios" / "smoke.yaml"
@@ -278,16 +278,13 @@ clients: {linkerd: 1, sotw: 2, delta: 1, targets: 2}
 async def test_a_divergence_fails_naming_the_client_and_the_target(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    real = compare_truth.truth_state
+    real = compare_truth.truth_entry
 
-    def wrong(snapshot: Any) -> State:
-        state = real(snapshot)
+    def wrong(r: Any) -> NormalEndpoint | None:
         # The truth says svc-1 lost an endpoint that the clients (rightly) still hold.
-        if any(r.endpoint.id.name.startswith("svc-1-") for r in snapshot.values()):
-            return frozenset(sorted(state)[1:])
-        return state
+        return None if r.endpoint.id.name == "svc-1-00001" else real(r)
 
-    monkeypatch.setattr(compare_truth, "truth_state", wrong)
+    monkeypatch.setattr(compare_truth, "truth_entry", wrong)
     cs = parse_compare_scenario(STATIC, "static")
     status = await compare(cs, tmp_path, RunOptions(settle_timeout=10), live=False,
                            with_charts=False)
