@@ -62,7 +62,8 @@ class Service:
     cluster_ips: tuple[str, ...] = ()
     external_name: str = ""
     internal_traffic_local: bool = False
-    # spec.selector; None when the Service has none (its endpoints are managed by hand).
+    # spec.selector; None when the Service has none or an empty one (its endpoints are
+    # managed by hand).
     selector: Labels | None = None
     kind: str = "Service"
 
@@ -287,8 +288,9 @@ def _decode_service(raw: Mapping[str, Any]) -> Service:
         cluster_ips=cluster_ips,
         external_name=as_str(spec.get("externalName"), "Service", n, "spec.externalName"),
         internal_traffic_local=spec.get("internalTrafficPolicy") == "Local",
+        # An empty selector is none (as the API's protobuf, which has no empty map).
         selector=(as_str_map(spec["selector"], "Service", n, "spec.selector")
-                  if spec.get("selector") is not None else None),
+                  if spec.get("selector") else None),
     )
 
 
