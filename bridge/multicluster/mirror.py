@@ -106,8 +106,11 @@ class MirrorController:
         one every RESYNC seconds whatever happened (a Namespace created later, a
         write that failed)."""
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+            # that arrives as the event is set, and the loop would run on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._pending.wait(), RESYNC)
+                async with asyncio.timeout(RESYNC):
+                    await self._pending.wait()
             self._pending.clear()
             plan = self.plan()
             await asyncio.to_thread(self._apply, plan)
