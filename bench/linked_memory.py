@@ -31,7 +31,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.common import print_json, row, rss_kib
+from bench.common import print_json, row
+from testkit.processes import rss_kib
 
 SERVED_NS = "shop"
 OTHER_NAMESPACES = ("ads", "billing", "search", "media")
@@ -149,7 +150,7 @@ def reading(mode: str, kubeconfig: str, wanted: list[str]) -> dict[str, Any]:
 def run(pods: int, served: int, runs: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from kubernetes import client, config
 
-    from tests.integration.kubeapi import KubeAPIServer
+    from testkit.kubeapi import KubeAPIServer
 
     per_service = PODS_PER_SERVICE
     served_services = [f"svc-{i}" for i in range(max(1, served // per_service))]

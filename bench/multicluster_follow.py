@@ -36,9 +36,9 @@ async def one_run(flips: int) -> dict[str, list[float]]:
 
     from linkerd_api.proto import destination_pb2 as dst
     from linkerd_api.translate import address_text
-    from tests.integration.envoy import Envoy, envoy_binary
-    from tests.integration.kubeapi import KubeAPIServer
-    from tests.integration.multicluster_support import Endpoint, Objects, linked, serving
+    from testkit.envoy import Envoy, envoy_binary
+    from testkit.kubeapi import KubeAPIServer
+    from testkit.multicluster import Endpoint, Objects, linked, serving
 
     binary = envoy_binary()
     got: dict[str, list[float]] = {"get": [], "envoy": []}

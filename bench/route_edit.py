@@ -33,20 +33,12 @@ import sys
 import time
 from typing import Any
 
-from bench.common import (
-    Child,
-    StaticSource,
-    commands,
-    cpu_seconds,
-    out_line,
-    poll,
-    print_json,
-    row,
-    serving_layers,
-)
+from bench.common import Profile, client_arguments, cpu_seconds, finish, parser, row
 from bridge.cluster import Event, EventType
 from bridge.objects import KubeObject, decode_object
 from meshbridge import gctune
+from testkit.polling import eventually
+from testkit.processes import Child, commands, out_line
 
 NS = "bench"
 TARGET = f"web.{NS}.svc.cluster.local:80"
@@ -177,18 +169,14 @@ async def start_clients(args: argparse.Namespace, server: str) -> list[Child]:
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
     from xds_api import resource_types as rt
 
     configure_logging("console", "warning")
     objects = decoded([service("web", "10.96.0.10"), service("web-canary", "10.96.0.11"),
                        route(10)])
-    limits = Limits(max_streams_per_client=args.streams * 4 + 100, h2=LOOPBACK_CROWD)
-    app = App(StaticSource(objects), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
-    await app.start()
+    app = await serve_objects(objects, args.streams * 4 + 100)
     gctune.settle_heap()
     children: list[Child] = []
     xds, policy = app.service("xds"), app.service("policy")
@@ -218,17 +206,12 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         children = await start_clients(args, f"127.0.0.1:{app.grpc_port}")
         for c in children:
             await c.line()  # every stream of that process holds its first answer
-        await poll(lambda: len(xds.runners) >= args.streams
-                   and len(policy.streams) >= args.streams and idle(), 120,
-                   "streams open and idle")
-        profiler = None
-        if args.profile:
-            from pyinstrument import Profiler
-
-            profiler = Profiler(interval=0.0005, async_mode="disabled")
-            profiler.start()
+        await eventually(lambda: len(xds.runners) >= args.streams
+                         and len(policy.streams) >= args.streams and idle(), 120,
+                         "streams open and idle")
+        profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
-            await poll(idle, 120, "server idle before a run")
+            await eventually(idle, 120, "server idle before a run")
             edit = decoded([route(20 if run % 2 else 10)])
             rds0, pol0 = rds_encodings(), policy.encodings
             cpu0, thread0 = cpu_seconds(), time.thread_time()
@@ -253,10 +236,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 figures[k]["client_cpu_ms"].append(sum(g["cpu_ms"] for g in mine))
             figures["rds"]["encodings"].append(rds_encodings() - rds0)
             figures["policy"]["encodings"].append(policy.encodings - pol0)
-        if profiler is not None:
-            profiler.stop()
-            with open(args.profile, "w", encoding="utf-8") as f:
-                f.write(profiler.output_text(unicode=True, show_all=False))
+        profile.save()
     finally:
         for c in children:
             await c.close()
@@ -306,8 +286,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.route_edit", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("route_edit", __doc__)
     p.add_argument("--streams", type=int, default=1000, help="streams of each kind")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--channels", type=int, default=20,
@@ -316,11 +295,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="client processes per kind (each kind has its own)")
     p.add_argument("--client-nice", type=int, default=5,
                    help="niceness the client processes add to their own")
-    p.add_argument("--json", action="store_true")
     p.add_argument("--profile", metavar="FILE",
                    help="profile the server during the runs (pyinstrument) into FILE")
-    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--server", help=argparse.SUPPRESS)
+    client_arguments(p)
     p.add_argument("--kind", choices=KINDS, help=argparse.SUPPRESS)
     p.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--nice", type=int, default=0, help=argparse.SUPPRESS)
@@ -330,12 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run_client(args))
     if args.streams < 1 or args.procs < 1 or args.runs < 1:
         p.error("--streams, --procs and --runs must be >= 1")
-    result = asyncio.run(run_bench(args))
-    if args.json:
-        print_json("route_edit", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("route_edit", asyncio.run(run_bench(args)), args.json, rows, report)
 
 
 if __name__ == "__main__":

@@ -61,8 +61,7 @@ from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.queue import UpdateQueue
 from linkerd_api.render import to_dict
 from linkerd_api.translate import Translator, address_text, ready_endpoints, set_labels
-from meshbridge.host import Host
-from meshbridge.stream_registry import StreamInfo
+from meshbridge.host import GrpcServer, Host, Layer, StreamInfo
 
 log = structlog.get_logger("meshbridge.linkerd")
 
@@ -130,7 +129,7 @@ def options_from_args(args: argparse.Namespace) -> LinkerdOptions:
     return LinkerdOptions(args.destination_semantics, args.stream_queue_capacity)
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     """Mount the destination service on the host's gRPC server."""
     options = host.options_for(LinkerdOptions)
     if options.semantics == "linkerd-2.20" and host.views.store is not None:
@@ -141,6 +140,9 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     host.on_stop(service.stop)
     host.add_renderer("linkerd", service.render_view)
     host.keep("linkerd", service)
+
+
+LAYER = Layer("linkerd_api.service", register, (LinkerdOptions,))
 
 
 class DestinationService:

@@ -343,3 +343,14 @@ def test_a_two_cluster_scenario_serves_the_union_and_passes_every_check(
         assert "-federated.ns-" in text, model
         # The local sim's pods are 10.64.x.y, the linked one's 10.128.x.y: both served.
         assert '"10.64.' in text and '"10.128.' in text, model
+
+
+def test_the_environment_block_names_commit_versions_cores_and_load() -> None:
+    from harness.compare import environment
+
+    env = environment.at_start(())
+    environment.at_end(env)
+    assert env["commit"] != "" and env["python"].startswith("3.")
+    assert env["grpcio"] not in ("", "absent") and env["cores"] >= 1
+    assert len(env["load_start"]) == len(env["load_end"]) == 3
+    assert env["xds_endpoint_metadata"]

@@ -20,10 +20,10 @@ import pytest
 from bridge.multicluster.links import Link
 from linkerd_api.proto import destination_pb2 as dst
 from meshbridge.app import App
-from tests.integration import kubeapi, multicluster_support
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.linkerd_support import Stream, addrs, by_addr, channel_to, kind
-from tests.integration.multicluster_support import (
+from testkit import kubeapi, multicluster
+from testkit.kubeapi import KubeAPIServer
+from testkit.linkerd import Stream, addrs, by_addr, channel_to, kind
+from testkit.multicluster import (
     Endpoint,
     Objects,
     linked,
@@ -31,10 +31,10 @@ from tests.integration.multicluster_support import (
     serving,
     token,
 )
-from tests.polling import eventually
+from testkit.polling import eventually
 
 kube_apiserver = kubeapi.kube_apiserver
-remote_apiserver = multicluster_support.remote_apiserver
+remote_apiserver = multicluster.remote_apiserver
 
 WAIT = 20.0
 

@@ -24,13 +24,13 @@ from bridge.multicluster.mirror_rules import LinkRules
 from bridge.multicluster.store import ClusterStore
 from bridge.sources.kube import KubeSource
 from bridge.sources.kube_api import ApiClient, load_credentials
-from tests.integration import kubeapi, multicluster_support
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.multicluster_support import Objects
-from tests.polling import eventually
+from testkit import kubeapi, multicluster
+from testkit.kubeapi import KubeAPIServer
+from testkit.multicluster import Objects
+from testkit.polling import eventually
 
 kube_apiserver = kubeapi.kube_apiserver
-remote_apiserver = multicluster_support.remote_apiserver
+remote_apiserver = multicluster.remote_apiserver
 
 WAIT = 20.0
 EXPORTED = {"mirror.linkerd.io/exported": "remote-discovery"}

@@ -18,13 +18,13 @@ from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import ServiceKey
 from bridge.multicluster.store import ClusterStore
 from bridge.sources.kube import KubeSource
-from tests.integration import kubeapi, multicluster_support
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.multicluster_support import Endpoint, Objects, mirror_labels
-from tests.polling import eventually
+from testkit import kubeapi, multicluster
+from testkit.kubeapi import KubeAPIServer
+from testkit.multicluster import Endpoint, Objects, mirror_labels
+from testkit.polling import eventually
 
 kube_apiserver = kubeapi.kube_apiserver  # the local cluster (shared session fixture)
-remote_apiserver = multicluster_support.remote_apiserver  # the linked cluster `east`
+remote_apiserver = multicluster.remote_apiserver  # the linked cluster `east`
 
 WAIT = 20.0
 

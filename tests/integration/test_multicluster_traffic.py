@@ -31,11 +31,11 @@ from bridge.sources.files import FilesSource
 from harness.envoy_process import http_listener
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration.envoy import Envoy, envoy_binary
-from tests.integration.linkerd_support import write_docs
+from testkit.envoy import Envoy, envoy_binary
+from testkit.linkerd import write_docs
+from testkit.polling import eventually
 from tests.integration.test_proxy_docs import start_http_backends
 from tests.integration.test_xds_proxyless import PROBE, Probe, start_backends
-from tests.polling import eventually
 
 NS = "shop"
 LOCAL_IP, EAST_IP = "127.0.0.2", "127.0.0.3"

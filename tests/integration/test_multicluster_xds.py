@@ -20,21 +20,21 @@ import pytest
 from harness.clients import XdsClient
 from harness.normalize import NormalEndpoint
 from meshbridge.app import App
-from tests.integration import kubeapi, multicluster_support
-from tests.integration.envoy import Envoy, envoy_binary
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.multicluster_support import (
+from testkit import kubeapi, multicluster
+from testkit.envoy import Envoy, envoy_binary
+from testkit.kubeapi import KubeAPIServer
+from testkit.multicluster import (
     Endpoint,
     Objects,
     linked,
     mirror_labels,
     serving,
 )
-from tests.polling import eventually
+from testkit.polling import eventually
 from xds_api.service import XdsOptions
 
 kube_apiserver = kubeapi.kube_apiserver
-remote_apiserver = multicluster_support.remote_apiserver
+remote_apiserver = multicluster.remote_apiserver
 
 WAIT = 20.0
 ISTIO = XdsOptions(endpoint_metadata="istio", istio_cluster_id="L")

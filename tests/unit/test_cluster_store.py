@@ -13,7 +13,7 @@ import structlog
 from bridge.cluster import Cluster
 from bridge.multicluster.links import Link
 from bridge.multicluster.store import ClusterStore
-from tests.polling import eventually
+from testkit.polling import eventually
 
 SERVICE = """\
 apiVersion: v1

@@ -29,8 +29,8 @@ from bridge.sources.kube import KubeSource
 from linkerd_api.service import LinkerdOptions
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually
 from xds_api.service import XdsOptions
 
 EAST_TRUST_DOMAIN = "east.local"
