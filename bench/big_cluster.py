@@ -46,7 +46,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, Child, commands, out_line, print_json, row
+from bench.common import print_json, row
+from testkit.processes import REPO, Child, commands, out_line
 
 TARGET_STARTUP_S = 2.5  # Linkerd's start-up at 10,000 pods (issue 27)
 TARGET_RSS_MIB = 171.0  # half of Linkerd's RSS once ready at 10,000 pods
@@ -162,7 +163,7 @@ async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
 async def measure(python: Path, pods: int, per_service: int, nodes: int,
                   runs: int) -> dict[str, Any]:
     from bench.meshed_cluster import Etcd, Rest, Shape, fill
-    from tests.integration.kubeapi import KubeAPIServer
+    from testkit.kubeapi import KubeAPIServer
 
     shape = Shape(pods=pods, pods_per_service=per_service, nodes=nodes)
     workdir = Path(tempfile.mkdtemp(prefix="meshbridge-bigcluster-"))

@@ -160,6 +160,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from bridge.sources.base import SourceSpecError
     from bridge.sources.catalog import make_source
     from meshbridge.app import App, ServeOptions, TlsFiles
+    from meshbridge.host import LayerError
     from meshbridge.startup import (
         check_kube_access,
         check_listen_address,
@@ -206,15 +207,15 @@ async def _serve(args: argparse.Namespace) -> int:
     limits = Limits(args.max_streams_per_connection, args.max_message_bytes,
                     args.max_streams_per_client, args.max_resource_names, h2=h2)
     try:
-        layer_options = (DebugAccess(args.debug_access, bool(args.client_ca)), *(
-            mod.options_from_args(args) for mod in layers.layer_modules()
-            if hasattr(mod, "options_from_args")))
+        debug_access = DebugAccess(args.debug_access, bool(args.client_ca))
+        layer_options = tuple(mod.options_from_args(args) for mod in layers.layer_modules()
+                              if hasattr(mod, "options_from_args"))
     except ValueError as e:
         log.error("bad protocol-layer option", reason=str(e))
         return 2
     app = App(source, mesh_config(args),
-              ServeOptions(args.listen, args.admin, vars(args), limits, tls,
-                           args.grpc_transport, layer_options), layers.protocol_layers())
+              ServeOptions(args.listen, args.admin, limits, tls, args.grpc_transport,
+                           layer_options, debug_access), layers.protocol_layers())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -222,6 +223,9 @@ async def _serve(args: argparse.Namespace) -> int:
     gctune.before_sync()
     try:
         await app.start(wait_synced=False)
+    except LayerError as e:  # a layer that does not keep to meshbridge.host's interface
+        log.error(str(e))
+        return 2
     except OSError as e:
         # Which port: the gRPC one is bound first, so no admin port means the gRPC one.
         flag, addr = getattr(e, "listen_flag", None) or (

@@ -90,6 +90,9 @@ class Scenario:
     duration: float | None = None
     clients: Mapping[str, Any] = field(default_factory=dict)
     name: str = "scenario"
+    # Route edits for `meshbridge compare` (harness.compare.route_edit), passed through
+    # unread as `clients` is.
+    routes: Mapping[str, Any] = field(default_factory=dict)
 
 
 _SHAPE_LIMITS = {
@@ -108,7 +111,8 @@ def _check_keys(section: Mapping[str, Any], allowed: set[str], where: str) -> No
 def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
     if not isinstance(raw, Mapping):
         raise ScenarioError("scenario: the top level must be a mapping")
-    _check_keys(raw, {"seed", "cluster", "churn", "duration", "clients", "name"}, "scenario")
+    _check_keys(raw, {"seed", "cluster", "churn", "duration", "clients", "name", "routes"},
+                "scenario")
     seed = raw.get("seed", 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ScenarioError(f"seed: must be an integer, got {seed!r}")
@@ -155,6 +159,9 @@ def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
     clients = raw.get("clients") or {}
     if not isinstance(clients, Mapping):
         raise ScenarioError("clients: must be a mapping")
+    routes = raw.get("routes") or {}
+    if not isinstance(routes, Mapping):
+        raise ScenarioError("routes: must be a mapping")
     return Scenario(
         seed=seed,
         cluster=ClusterShape(**shape_args),
@@ -162,6 +169,7 @@ def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
         duration=float(duration) if duration is not None else None,
         clients=clients,
         name=str(raw.get("name", name)),
+        routes=routes,
     )
 
 

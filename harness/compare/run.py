@@ -39,8 +39,9 @@ from harness.compare.scenario import MODELS, ClientSpec, CompareScenario
 from harness.compare.truth import TruthRecorder
 from harness.compare.wire import CountingServer, WireCounter
 from meshbridge import gctune
-from meshbridge.app import App, ProtocolLayer, ServeOptions
-from meshbridge.layers import PROTOCOL_LAYERS, load_optional
+from meshbridge.app import App, ServeOptions
+from meshbridge.host import GrpcServer, Host, Layer
+from meshbridge.layers import PROTOCOL_LAYERS, layer, load_optional
 from meshbridge.limits import LOOPBACK_CROWD, Limits
 
 log = structlog.get_logger("meshbridge.compare")
@@ -153,35 +154,30 @@ def rss_bytes() -> int:
 
 
 def load_layers(broken: dict[str, str] | None = None, wire: WireCounter | None = None,
-                ) -> tuple[list[ProtocolLayer], set[str]]:
+                ) -> tuple[list[Layer], set[str]]:
     """The protocol layers `serve` would mount. A layer that fails to register is
     left out and the reason put in `broken` (module -> error), so the other models
     still run and the report says why one did not."""
-    layers: list[ProtocolLayer] = []
+    layers: list[Layer] = []
     present: set[str] = set()
     for module in PROTOCOL_LAYERS:
-        mod = load_optional(module)
-        if mod is None:
+        if load_optional(module) is None:
             continue
-        register = getattr(mod, "register", None)
-        if register is not None:
-            counted = wire if module == MODEL_LAYER["linkerd"] else None
-            layers.append(_guarded(module, register, broken if broken is not None else {},
-                                   counted))
-            present.add(module)
+        counted = wire if module == MODEL_LAYER["linkerd"] else None
+        layers.append(_guarded(layer(module), broken if broken is not None else {}, counted))
+        present.add(module)
     return layers, present
 
 
-def _guarded(module: str, register: ProtocolLayer, broken: dict[str, str],
-             wire: WireCounter | None) -> ProtocolLayer:
-    def layer(app: App, server: Any) -> None:
+def _guarded(mounted: Layer, broken: dict[str, str], wire: WireCounter | None) -> Layer:
+    def register(host: Host, server: GrpcServer) -> None:
         try:
-            register(app, CountingServer(server, wire) if wire is not None else server)
+            mounted.register(host, CountingServer(server, wire) if wire is not None else server)
         except Exception as e:
-            log.error("protocol layer failed to start", layer=module, error=repr(e))
-            broken[module] = f"{type(e).__name__}: {e}"
+            log.error("protocol layer failed to start", layer=mounted.name, error=repr(e))
+            broken[mounted.name] = f"{type(e).__name__}: {e}"
 
-    return layer
+    return Layer(mounted.name, register, mounted.options)
 
 
 def server_counts(app: App, wire: WireCounter | None = None) -> dict[str, ServerCounts]:

@@ -322,3 +322,14 @@ def test_envoys_in_the_loop_end_on_the_truth_and_reject_nothing(tmp_path: Path) 
         # update it attempts, less the ones the server coalesced.
         assert 0 < p["update_attempt"] <= report["run"]["truth_versions"]
     assert "## Envoy" in (tmp_path / "report.md").read_text()
+
+
+def test_the_environment_block_names_commit_versions_cores_and_load() -> None:
+    from harness.compare import environment
+
+    env = environment.at_start(())
+    environment.at_end(env)
+    assert env["commit"] != "" and env["python"].startswith("3.")
+    assert env["grpcio"] not in ("", "absent") and env["cores"] >= 1
+    assert len(env["load_start"]) == len(env["load_end"]) == 3
+    assert env["xds_endpoint_metadata"]

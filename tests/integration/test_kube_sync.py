@@ -19,9 +19,9 @@ from bridge.sources import kube as kube_source
 from bridge.sources import kube_wire
 from bridge.sources.kube import KINDS, KindWatcher
 from bridge.sources.kube_api import ApiClient, load_credentials
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
