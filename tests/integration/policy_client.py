@@ -14,10 +14,11 @@ from google.protobuf.message import Message
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import net_pb2 as net
 from linkerd_api.proto import outbound_pb2 as ob
+from tests.polling import HANG
 
 OUTBOUND = "/io.linkerd.proxy.outbound.OutboundPolicies"
 INBOUND = "/io.linkerd.proxy.inbound.InboundServerPolicies"
-DEADLINE = 10.0
+DEADLINE = HANG  # every read waits for its message, never times it
 CLIENT = '{"ns":"emojivoto","pod":"web-5d8f7b9c6-4xk2p"}'
 
 

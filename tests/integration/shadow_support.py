@@ -21,7 +21,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from harness.clients import ADS_SOTW, EDS_TYPE
 from harness.shadow.cli import add_arguments, run_shadow
-from tests.polling import eventually
+from tests.polling import HANG, eventually
 
 DOMAIN = "svc.cluster.local"
 WEB = f"web.emojivoto.{DOMAIN}:80"
@@ -220,7 +220,7 @@ class ShadowRun:
             return None
         return latest
 
-    async def until(self, check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    async def until(self, check: Callable[[], Any], what: str, timeout: float = HANG) -> Any:
         """What `check()` returned once truthy; fails at once if shadow ends first."""
         result: Any = None
 
@@ -240,7 +240,7 @@ class ShadowRun:
 
     async def finish(self) -> tuple[int, dict[str, Any]]:
         self.stop.set()
-        rc = await asyncio.wait_for(self.task, 20)
+        rc = await asyncio.wait_for(self.task, HANG)
         summary = self.lines()[-1]
         assert summary["event"] == "summary"
         return rc, summary

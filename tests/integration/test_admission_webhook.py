@@ -32,13 +32,13 @@ from meshbridge.layers import protocol_layers
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.test_kube_policy import install_crds
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = Path(__file__).parent / "crds"
-WAIT = 30.0
+WAIT = HANG
 DENIED = 'admission webhook "validate.meshbridge.io" denied the request: '
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -132,11 +132,11 @@ def test_the_entrypoint_serves_the_kube_source_until_sigterm(
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
-        eventually_sync(lambda: proc.poll() is not None or ready(admin_port), 30,
+        eventually_sync(lambda: proc.poll() is not None or ready(admin_port), 2 * HANG,
                         "/ready never answered 200")
         assert proc.poll() is None, "the entrypoint exited"
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=HANG)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.integration.test_serve import free_port, http_get, ready
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 from tests.unit.builders import service
 
 
@@ -47,29 +47,29 @@ def test_the_files_source_logs_each_file_and_a_lost_folder_turns_ready_503(
              "--listen", "127.0.0.1:0", "--admin", f"127.0.0.1:{admin_port}",
              "--log-format", "json"], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
+        eventually_sync(lambda: ready(admin_port, proc), 2 * HANG, "/ready never answered 200")
         assert logged(log, "manifest file added", a)
         b.write_text(yaml.safe_dump(service("b")))
-        eventually_sync(lambda: logged(log, "manifest file added", b), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file added", b), HANG, log.read_text())
         a.write_text(yaml.safe_dump_all([service("a"), service("a2")]))
-        eventually_sync(lambda: logged(log, "manifest file changed", a), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file changed", a), HANG, log.read_text())
         b.unlink()
-        eventually_sync(lambda: logged(log, "manifest file removed", b), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file removed", b), HANG, log.read_text())
         if how == "removed":
             shutil.rmtree(root)
         else:
             a.unlink()
         eventually_sync(lambda: logged(log, "no manifests in the folder; serving its last "
-                                            "state"), 10, log.read_text())
+                                            "state"), HANG, log.read_text())
         code, body = http_get(f"http://127.0.0.1:{admin_port}/ready")
         assert code == 503 and str(root) in body
         assert ("is missing" if how == "removed" else "holds no manifests") in body
         root.mkdir(exist_ok=True)
         a.write_text(yaml.safe_dump(service("a")))
-        eventually_sync(lambda: ready(admin_port), 10, "/ready did not come back")
+        eventually_sync(lambda: ready(admin_port, proc), HANG, "/ready did not come back")
         assert logged(log, "manifest folder has manifests again")
         proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+        proc.wait(HANG)
     finally:
         if proc.poll() is None:
             proc.kill()

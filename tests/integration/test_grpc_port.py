@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.limits import Limits
-from tests.polling import eventually
+from tests.polling import HANG, eventually
 
 METHOD = "/meshbridge.test.Hold/Stream"
 
@@ -67,7 +67,7 @@ async def test_streams_over_the_per_client_limit_are_refused_and_others_unaffect
             assert "--max-streams-per-client" in (err.value.details() or "")
             # The held streams are untouched; closing one makes room for a new one.
             held[0][0].cancel()
-            await eventually(lambda: app.rpc_guard.open.get("127.0.0.1", 0) < 3, 5,
+            await eventually(lambda: app.rpc_guard.open.get("127.0.0.1", 0) < 3, HANG,
                              "the cancelled stream's place given back")
             _, msg = await first_message(ch)
             assert msg == b"hello"
@@ -138,7 +138,7 @@ async def test_mtls_admits_a_client_with_a_cert_from_the_ca_and_refuses_others(
         }
         for why, creds in refused.items():
             async with grpc.aio.secure_channel(target, creds) as ch:
-                call = ch.unary_stream(METHOD)(b"", timeout=5)
+                call = ch.unary_stream(METHOD)(b"", timeout=HANG)
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     async for _ in call:
                         pass
@@ -183,7 +183,7 @@ async def test_grpc_server_metrics_count_streams_messages_and_codes(tmp_path: Pa
                     pass
             call.cancel()
             await eventually(
-                lambda: sample("grpc_server_handled_total", grpc_code="Canceled") >= 1, 5,
+                lambda: sample("grpc_server_handled_total", grpc_code="Canceled") >= 1, HANG,
                 "the cancelled call counted")
     finally:
         await app.stop(0.1)

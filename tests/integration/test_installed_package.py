@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "meshbridge-wheeltest"
@@ -134,7 +134,7 @@ def test_the_installed_wheel_serves_the_demo_from_anywhere(tmp_path: Path) -> No
     try:
         eventually_sync(lambda: proc.poll() is not None
                         or http_status(f"http://127.0.0.1:{admin_port}/ready") == 200,
-                        timeout=60, why="meshbridge serve never became ready")
+                        timeout=2 * HANG, why="meshbridge serve never became ready")
         assert proc.poll() is None, "meshbridge serve exited"
         out = run([meshbridge, "get", WEB, "--server", f"127.0.0.1:{grpc_port}",
                    "--count", "1", "--json", "--timeout", "30"],
@@ -142,7 +142,7 @@ def test_the_installed_wheel_serves_the_demo_from_anywhere(tmp_path: Path) -> No
         first = json.loads(out.splitlines()[0])
         assert len(first["add"]["addrs"]) == 2, first  # bridge/sources/demo/README.md
         proc.send_signal(signal.SIGTERM)
-        log, _ = proc.communicate(timeout=30)
+        log, _ = proc.communicate(timeout=HANG)
     finally:
         if proc.poll() is None:
             proc.kill()

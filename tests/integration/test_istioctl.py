@@ -32,7 +32,7 @@ from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.test_grpc_port import _cert, _key_pem, _pem
 from tests.integration.test_xds_proxyless import Probe, start_backends, start_probe
 from tests.integration.xds_helpers import Manifests, service_with_addresses
-from tests.polling import eventually
+from tests.polling import HANG, eventually
 from xds_api import resource_types as rt
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 ECHO = "echo.xdstest.svc.cluster.local:50051"
 ENVOY_ID = "sidecar~127.0.0.1~envoy-1.xdstest~xdstest.svc.cluster.local"
 GRPC_ID = "sidecar~127.0.0.1~grpc-1.xdstest~xdstest.svc.cluster.local"
-WAIT = 30.0
+WAIT = HANG
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,12 @@ from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.linkerd_support import channel_to
 from tests.integration.policy_client import watch_addr, watch_port
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 CRDS = Path(__file__).parent / "crds" / "policy.yaml"
-WAIT = 15.0
+WAIT = HANG  # a write reaching the clients through a real API server: waited for, never timed
 
 
 def install_crds(api: client.ApiClient, path: Path = CRDS) -> None:

@@ -23,13 +23,13 @@ from tests.integration import kubeapi, test_kube_policy
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.linkerd_support import channel_to
 from tests.integration.policy_client import watch
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 api = test_kube_policy.api  # an API client, with the policy and route CRDs installed
-WAIT = 15.0
+WAIT = HANG  # a write reaching the clients through a real API server: waited for, never timed
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 LINKERD = "linkerd.io/policy-controller"
 

@@ -23,12 +23,12 @@ from meshbridge.layers import protocol_layers
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.linkerd_support import Stream, channel_to
-from tests.polling import eventually
+from tests.polling import HANG, eventually
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 AppFactory = Any
-WAIT = 15.0
+WAIT = HANG
 
 
 @pytest.fixture

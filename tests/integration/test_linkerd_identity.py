@@ -21,6 +21,7 @@ from linkerd_api.identity import IdentityOptions
 from linkerd_api.proto import identity_pb2
 from meshbridge.app import App
 from tests.conftest import AppFactory
+from tests.polling import HANG
 
 CERTIFY = "/io.linkerd.proxy.identity.Identity/Certify"
 WEB = "web.emojivoto.serviceaccount.identity.linkerd.cluster.local"
@@ -57,7 +58,7 @@ async def certify(app: App, identity: str, token: bytes, csr: bytes,
             CERTIFY, request_serializer=identity_pb2.CertifyRequest.SerializeToString,
             response_deserializer=identity_pb2.CertifyResponse.FromString)
         response = await call(identity_pb2.CertifyRequest(  # type: ignore[misc]
-            identity=identity, token=token, certificate_signing_request=csr), timeout=10)
+            identity=identity, token=token, certificate_signing_request=csr), timeout=HANG)
         assert isinstance(response, identity_pb2.CertifyResponse)
         return response
 

@@ -27,6 +27,7 @@ from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.layers import protocol_layers
 from tests.integration.linkerd_support import Stream
 from tests.integration.test_linkerd_identity import CERTIFY, TOKENS, WEB, csr_for
+from tests.polling import HANG
 
 DESTINATION = "linkerd-destination.linkerd.serviceaccount.identity.linkerd.cluster.local"
 IDENTITY = "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local"
@@ -90,7 +91,7 @@ async def certify_over(ch: grpc.aio.Channel, key: ec.EllipticCurvePrivateKey,
                           response_deserializer=identity_pb2.CertifyResponse.FromString)
     response = await call(identity_pb2.CertifyRequest(
         identity=WEB, token=b"web-token", certificate_signing_request=csr_for(WEB, key)),
-        timeout=10)
+        timeout=HANG)
     assert isinstance(response, identity_pb2.CertifyResponse)
     return response
 

@@ -44,7 +44,7 @@ from tests.integration.test_linkerd_identity_tls import (
 )
 from tests.integration.test_xds_proxyless import PROBE, Probe, start_backends
 from tests.integration.xds_helpers import Manifests, eventually, service_with_addresses
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "proxies"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -89,7 +89,7 @@ def free_port() -> int:
 
 
 def http_get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
+    with urllib.request.urlopen(url, timeout=HANG) as resp:
         body: bytes = resp.read()
         return body.decode()
 
@@ -118,13 +118,13 @@ def meshbridge_serve() -> Iterator[tuple[int, int]]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        eventually_sync(lambda: answers(f"http://127.0.0.1:{admin_port}/ready"), 30,
+        eventually_sync(lambda: answers(f"http://127.0.0.1:{admin_port}/ready"), 2 * HANG,
                         "meshbridge serve ready")
         yield grpc_port, admin_port
     finally:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(HANG)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -174,13 +174,13 @@ def envoy(bootstrap: str, workdir: Path) -> Iterator[int]:
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         eventually_sync(lambda: proc.poll() is not None or (
-            address.exists() and bool(address.read_text().strip())), 30, "Envoy's admin")
+            address.exists() and bool(address.read_text().strip())), HANG, "Envoy's admin")
         assert proc.poll() is None, log.read_text()[-3000:]
         yield int(address.read_text().strip().rsplit(":", 1)[1])
     finally:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(HANG)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -207,7 +207,7 @@ def test_envoy_with_the_pages_bootstrap_gets_all_four_types_and_its_node_reaches
                     # EDS: Envoy counts a cluster's updates under its stat name
                     and f"cluster.{WEB.replace(':', '_')}.update_success" in success
                     and bool(web_hosts(admin, WEB)))
-        eventually_sync(every_type_accepted, 20,
+        eventually_sync(every_type_accepted, HANG,
                         lambda: f"CDS, LDS, RDS and EDS accepted: {update_stats(admin)}")
         rejected = {k: v for k, v in update_stats(admin).items()
                     if k.endswith("update_rejected") and v}
@@ -292,7 +292,7 @@ async def test_an_app_sending_to_the_pages_outbound_listener_reaches_the_service
                     return False
                 seen[who] = seen.get(who, 0) + 1
                 return set(seen) == set(ips)
-            await polling.eventually(both, 20, lambda: f"both endpoints answer: {seen}")
+            await polling.eventually(both, HANG, lambda: f"both endpoints answer: {seen}")
     finally:
         for s in servers:
             s.close()
@@ -332,7 +332,7 @@ async def test_grpc_with_the_pages_bootstrap_and_target_reaches_the_services_bac
                 got = await probe.call(20)
                 return set(got["backends"]) == {"127.0.0.2", "127.0.0.3"} \
                     and not got["errors"], got
-            await eventually(both, 30.0, "RPCs reaching both backends", interval=0)
+            await eventually(both, HANG, "RPCs reaching both backends", interval=0)
             node_id = f"{values['POD_NAME']}.{values['POD_NAMESPACE']}"
             [stream] = [s for s in app.streams.all() if s.client == node_id]
             assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]

@@ -41,6 +41,7 @@ from tests.integration.test_proxy_docs import (
 )
 from tests.integration.test_xds_proxyless import PROBE, Probe, start_backends
 from tests.integration.xds_helpers import Manifests, eventually, service_with_addresses
+from tests.polling import HANG
 from tests.polling import eventually as eventually_true
 
 N = 2000
@@ -91,7 +92,7 @@ async def test_a_real_envoy_splits_the_demo_canary_90_10(tmp_path: Path,
         with envoy(envoy_bootstrap(values), tmp_path):
             def count(n: int) -> dict[str, int]:
                 seen: dict[str, int] = {}
-                conn = http.client.HTTPConnection("127.0.0.1", outbound, timeout=10)
+                conn = http.client.HTTPConnection("127.0.0.1", outbound, timeout=HANG)
                 try:
                     for _ in range(n):
                         conn.request("GET", "/")
@@ -109,7 +110,7 @@ async def test_a_real_envoy_splits_the_demo_canary_90_10(tmp_path: Path,
                 except OSError:
                     return False
                 return set(got) == {WEB_IP, CANARY_IP}
-            await eventually_true(both, 30, "requests through Envoy reach web and the canary")
+            await eventually_true(both, HANG, "requests through Envoy reach web and the canary")
             seen = await asyncio.to_thread(count, N)
         assert set(seen) == {WEB_IP, CANARY_IP}, seen
         assert within_bound(seen[CANARY_IP]), seen
@@ -133,7 +134,7 @@ async def test_a_proxyless_grpc_client_splits_the_demo_canary_90_10(
         async def both() -> tuple[bool, Any]:
             got = await probe.call(50)
             return set(got["backends"]) == {WEB_IP, CANARY_IP} and not got["errors"], got
-        await eventually(both, 30.0, "RPCs reaching web and the canary", interval=0)
+        await eventually(both, HANG, "RPCs reaching web and the canary", interval=0)
         got = await probe.call(N)
         assert not got["errors"], got
         assert within_bound(got["backends"].get(CANARY_IP, 0)), got

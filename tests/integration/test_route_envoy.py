@@ -23,7 +23,7 @@ from tests.conftest import AppFactory
 from tests.integration.test_proxy_docs import block, envoy, envoy_bootstrap, exports, free_port
 from tests.integration.test_route_canary import NS
 from tests.integration.xds_helpers import Manifests, service_with_addresses
-from tests.polling import eventually
+from tests.polling import HANG, eventually
 
 WEB_IP, V2_IP = "127.0.0.2", "127.0.0.3"
 
@@ -112,7 +112,7 @@ ROUTE = {
 
 def get(port: int, path: str, headers: dict[str, str] | None = None
         ) -> tuple[int, dict[str, str], str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG)
     try:
         conn.request("GET", path, headers=headers or {})
         resp = conn.getresponse()
@@ -147,7 +147,7 @@ async def test_a_real_envoy_does_what_each_rule_says(tmp_path: Path,
                 except OSError:
                     return False
                 return status == 200 and body.startswith(WEB_IP)
-            await eventually(routed, 30, "Envoy routes /app to web")
+            await eventually(routed, HANG, "Envoy routes /app to web")
 
             async def fetch(path: str, headers: dict[str, str] | None = None
                             ) -> tuple[int, dict[str, str], str]:

@@ -23,6 +23,7 @@ from tests.conftest import AppFactory
 from tests.integration.test_route_canary import NS, WEB
 from tests.integration.test_xds_proxyless import PROBE, Probe
 from tests.integration.xds_helpers import Manifests, eventually, service_with_addresses
+from tests.polling import HANG
 
 WEB_IP, V2_IP = "127.0.0.2", "127.0.0.3"
 
@@ -137,7 +138,7 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
         async def routed() -> tuple[bool, Any]:
             got = await probe.call(5)
             return got["backends"] == {WEB_IP: 5}, got
-        await eventually(routed, 30.0, "calls reaching web", interval=0)
+        await eventually(routed, HANG, "calls reaching web", interval=0)
         # The header-matched rule reaches web-v2; without the header, web.
         assert await probe.call(20, "Who", "x-version=v2") == {
             "backends": {V2_IP: 20}, "errors": {}}

@@ -10,10 +10,11 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 
 
 def free_port() -> int:
@@ -24,13 +25,15 @@ def free_port() -> int:
 
 def http_get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=HANG) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
 
 
-def ready(admin_port: int) -> bool:
+def ready(admin_port: int, proc: subprocess.Popen[Any] | None = None) -> bool:
+    """/ready answers 200; a server `proc` that exited instead fails the wait at once."""
+    assert proc is None or proc.poll() is None, f"the server exited ({proc}) before /ready"
     try:
         return http_get(f"http://127.0.0.1:{admin_port}/ready")[0] == 200
     except OSError:
@@ -58,15 +61,16 @@ def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> Non
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
+        eventually_sync(lambda: ready(admin_port, proc), 2 * HANG,  # a whole start-up
+                        "/ready never answered 200")
         assert http_get(f"http://127.0.0.1:{admin_port}/live")[0] == 200
         code, metrics = http_get(f"http://127.0.0.1:{admin_port}/metrics")
         assert code == 200 and "process_resident_memory_bytes" in metrics
         assert http_get(f"http://127.0.0.1:{admin_port}/nope")[0] == 404
-        with socket.create_connection(("127.0.0.1", grpc_port), timeout=2):
+        with socket.create_connection(("127.0.0.1", grpc_port), timeout=HANG):
             pass
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=HANG)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -103,7 +107,8 @@ def test_serve_on_uvloop_answers_an_xds_client_and_exits_cleanly_on_sigterm() ->
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        eventually_sync(lambda: ready(admin_port), 90, "/ready never answered 200")
+        eventually_sync(lambda: ready(admin_port, proc), 2 * HANG,  # a whole start-up
+                        "/ready never answered 200")
         got = subprocess.run(
             [sys.executable, "-m", "meshbridge.cli", "xds", "catalog.shop.svc.cluster.local:80",
              "--server", f"127.0.0.1:{grpc_port}", "--json", "--count", "1"],
@@ -111,7 +116,7 @@ def test_serve_on_uvloop_answers_an_xds_client_and_exits_cleanly_on_sigterm() ->
         assert got.returncode == 0, got.stderr
         assert '"address": "10.244.1.20"' in got.stdout
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=20)
+        proc.communicate(timeout=HANG)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -18,7 +18,7 @@ from kubernetes import client, config
 from tests.integration import kubeapi
 from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.test_serve import free_port, ready
-from tests.polling import eventually_sync
+from tests.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -136,9 +136,9 @@ def test_an_identity_denied_only_pods_still_serves(
          "--log-format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
     try:
-        eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
+        eventually_sync(lambda: ready(admin_port, proc), 2 * HANG, "/ready never answered 200")
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=HANG)
     finally:
         if proc.poll() is None:
             proc.kill()
