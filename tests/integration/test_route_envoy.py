@@ -5,7 +5,8 @@ redirect and header changes reach the client, an unmatched request is a 404 and 
 missing backend's share a 500 (Routes §1-3, xDS §4.6).
 
 `web` is a server on 127.0.0.2 and `web-v2` one on 127.0.0.3. Each answers with its
-address, the path and the `x-added` header it received; `/slow...` takes 3 s, and
+address, the path and the `x-added` header it received; `/slow...` is answered only
+when the servers close (so the rule's 300 ms is the only way it can end), and
 `/flaky...` answers 503 to every other request."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Backends:
         self.servers: list[asyncio.Server] = []
         self.port = 0
         self.flaky = 0
+        self.closing = asyncio.Event()  # what a /slow request waits for
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       ip: str) -> None:
@@ -46,7 +48,7 @@ class Backends:
                            (ln.partition(":") for ln in lines[1:] if ln)}
                 status = "200 OK"
                 if path.startswith("/slow"):
-                    await asyncio.sleep(3)
+                    await self.closing.wait()
                 if path.startswith("/flaky"):
                     self.flaky += 1
                     if self.flaky % 2:
@@ -70,10 +72,12 @@ class Backends:
                 return
             except OSError:
                 self.close()
+                self.closing.clear()  # the next attempt's servers are open
                 self.port = 0
         raise RuntimeError("no port free on both addresses")
 
     def close(self) -> None:
+        self.closing.set()
         for s in self.servers:
             s.close()
         self.servers = []

@@ -5,7 +5,8 @@ the client NACKs nothing it was sent (Routes §1-3, xDS §3.8).
 
 `web` is a server on 127.0.0.2 and `web-v2` one on 127.0.0.3; each answers
 /meshbridge.test.Echo/Who with its address, fails every other Flaky call with
-UNAVAILABLE, and takes 3 s to answer Slow."""
+UNAVAILABLE, and never answers Slow (its call waits until the servers stop), so that
+the route's 300 ms is the only way such a call can end."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class Servers:
         self.servers: list[grpc.aio.Server] = []
         self.port = 0
         self.flaky = 0
+        self.stopping = asyncio.Event()  # what a Slow call waits for
 
     async def start(self) -> None:
         for _ in range(10):
@@ -65,6 +67,7 @@ class Servers:
                 return
             except (OSError, RuntimeError):
                 await self.stop()
+                self.stopping.clear()  # the next attempt's servers are running
                 self.port = 0
         raise RuntimeError("no port free on both addresses")
 
@@ -81,7 +84,7 @@ class Servers:
             return ip.encode()
 
         async def slow(_req: bytes, _ctx: Any) -> bytes:
-            await asyncio.sleep(3)
+            await self.stopping.wait()
             return ip.encode()
 
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
@@ -97,6 +100,7 @@ class Servers:
         self.servers.append(server)
 
     async def stop(self) -> None:
+        self.stopping.set()
         for s in self.servers:
             await s.stop(None)
         self.servers = []
