@@ -56,8 +56,8 @@ def got_text(attacker: dict[str, Any]) -> str:
     extra = attacker.get("extra", {})
     if "usable" in extra:
         parts.append("usable" if extra["usable"] else "unusable")
-    if "closed_within_1s" in extra:
-        parts.append(f"{extra['closed_within_1s']} of {extra.get('opened')} refused")
+    if "refused" in extra:
+        parts.append(f"{extra['refused']} of {extra.get('opened')} refused")
     return "; ".join(parts)
 
 

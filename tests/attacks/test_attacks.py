@@ -1,11 +1,13 @@
 """Every classic HTTP/2 attack against one real `meshbridge serve` (native transport).
 
-For each attack (tests/attacks/attackers.py, its own process, ~3 s) while endpoints
-change every ~0.5 s:
-  (a) /ready answers 200 at every poll (each with a 2 s timeout);
+For each attack (tests/attacks/attackers.py, its own process, until it has its
+answer; 3 s of observation at least) while endpoints change every ~0.5 s:
+  (a) /ready answers 200 at every poll (each may take up to 20 s on a loaded machine);
   (b) the good clients (a Linkerd Get stream, an ADS SotW stream) get every change
-      within 5 s -- latencies are printed, never compared;
-  (c) within 5 s after the attack, RSS is back within 20 MiB of the baseline;
+      (each within 30 s) -- latencies are printed, never compared;
+  (c) within 5 s after the attack, RSS is back within 20 MiB of the baseline (for the
+      attacks that once left memory behind: after each of three runs in a row, within
+      20 MiB of where the first started);
   (d) the attacker got what the budget below promises;
   (e) where the budget says so, the HTTP/2 stream and handler-task gauges come back
       to their baseline.
@@ -29,7 +31,9 @@ HANDSHAKE_TIMEOUT = float(SERVER_FLAGS["--h2-handshake-timeout"])
 KEEPALIVE_TIME = float(SERVER_FLAGS["--h2-keepalive-time"])
 KEEPALIVE_TIMEOUT = float(SERVER_FLAGS["--h2-keepalive-timeout"])
 MAX_CONNECTIONS = int(SERVER_FLAGS["--max-connections-per-client"])
-MARGIN = 1.5  # seconds a timer may fire late on a busy 2-core machine
+MARGIN = 10.0  # seconds a timer may fire late on a loaded 2-core machine
+# The most an attack may take (attackers stop as soon as they have their answer).
+CAP = 60.0
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,11 @@ class Budget:
     usable: bool = False  # ... and a valid request after them answered
     closed_within: float | None = None  # every connection closed by the server by then
     closed_not_before: float = 0.0  # ... and not before
-    beyond_refused: int | None = None  # connections past this many closed at once
-    seconds: float = 3.0  # attack duration
+    beyond_refused: int | None = None  # connections past this many refused
+    seconds: float = CAP  # the attacker's cap (zero-window-readers: how long it holds)
     args: tuple[str, ...] = ()
     gauges: bool = False  # (e): the HTTP/2 gauges return to their baseline
+    repeat: int = 1  # runs in a row, RSS held to the first run's baseline each time
     note: str = ""
 
 
@@ -73,8 +78,9 @@ ATTACKS: dict[str, Budget] = {
     "continuation-flood": Budget(goaway=COMPRESSION),
     # HEADERS without END_HEADERS, then endless empty CONTINUATIONs
     "empty-continuation": Budget(goaway=CALM),
-    # unknown gRPC method and plain GETs, as fast as possible, reconnecting
-    "junk-requests": Budget(goaway=CALM),
+    # unknown gRPC method and plain GETs, as fast as possible, reconnecting (the budget
+    # is 11,000 a connection: the failed-request budget beyond 10,000 concurrent streams)
+    "junk-requests": Budget(goaway=CALM, seconds=2 * CAP),
     # one 4 KiB dynamic-table entry referenced 300 times per block
     "hpack-bomb": Budget(goaway=frozenset({ENHANCE_YOUR_CALM, COMPRESSION_ERROR}),
                          note="the only budget allowing two codes"),
@@ -87,20 +93,25 @@ ATTACKS: dict[str, Budget] = {
     "bad-headers": Budget(rst_each=PROTOCOL_ERROR, usable=True),
     # 50 connections that send nothing
     "slowloris": Budget(closed_within=HANDSHAKE_TIMEOUT + MARGIN,
-                        seconds=HANDSHAKE_TIMEOUT + MARGIN + 0.5,
                         args=("--connections", "50")),
     # preface and SETTINGS, the server's SETTINGS never acknowledged
-    "no-settings-ack": Budget(closed_within=HANDSHAKE_TIMEOUT + MARGIN,
-                              seconds=HANDSHAKE_TIMEOUT + MARGIN + 0.5),
+    "no-settings-ack": Budget(closed_within=HANDSHAKE_TIMEOUT + MARGIN),
     # handshake and one open Get stream, then PINGs unanswered
     "silent-peer": Budget(closed_within=KEEPALIVE_TIME + KEEPALIVE_TIMEOUT + MARGIN,
-                          closed_not_before=KEEPALIVE_TIME * 0.9,
-                          seconds=KEEPALIVE_TIME + KEEPALIVE_TIMEOUT + MARGIN + 1.0),
+                          closed_not_before=KEEPALIVE_TIME * 0.9),
     # many connections from one address, each handshaken, all held
     "connection-flood": Budget(beyond_refused=MAX_CONNECTIONS,
                                args=("--connections", str(MAX_CONNECTIONS + 60))),
     # 20 connections x 25 Get streams on the churned service, window 0, never granted
-    "zero-window-readers": Budget(args=("--connections", "20", "--target",
+    # What once left memory behind, three times in a row each: RSS must come back
+    # within 20 MiB of where the first run started, after every run.
+    # 100 connections, each HEADERS without END_HEADERS then thousands of empty
+    # CONTINUATIONs
+    "continuation-reconnect": Budget(goaway=CALM, repeat=3, args=("--connections", "100")),
+    # 100 connections, each sending header blocks of 1,900 empty names
+    "empty-names-reconnect": Budget(goaway=CALM, repeat=3, args=("--connections", "100")),
+    "zero-window-readers": Budget(seconds=3.0,
+                                  args=("--connections", "20", "--target",
                                         "web.emojivoto.svc.cluster.local:80"),
                                   note="nothing promised to the attacker; memory bounded"),
 }
@@ -150,14 +161,13 @@ def verdict(budget: Budget, got: dict[str, Any]) -> list[str]:
             problems.append(f"closed after {first}s: before {budget.closed_not_before:g}s")
     if budget.beyond_refused is not None:
         opened = int(extra.get("opened", 0))
-        quick = int(extra.get("closed_within_1s", 0))
+        refused = int(extra.get("refused", 0))
         beyond = opened - budget.beyond_refused
         # The good clients' connections count too: a few more may go.
-        if quick < beyond or quick > beyond + 10:
+        if refused < beyond or refused > beyond + 10:
             problems.append(f"expected the {max(0, beyond)} connections beyond "
-                            f"{budget.beyond_refused} closed at once; of {opened} opened, "
-                            f"{quick} were closed within 1s, {extra.get('held_to_end')} held "
-                            f"to the end, GOAWAY {_codes(goaways)}")
+                            f"{budget.beyond_refused} refused (GOAWAY ENHANCE_YOUR_CALM); of "
+                            f"{opened} opened, {refused} were, {extra.get('held')} held")
     return problems
 
 
@@ -175,12 +185,16 @@ def describe(report: Report) -> str:
                             if missing else "")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(ATTACKS))
 async def test_server_withstands(server: Server, name: str) -> None:
     budget = ATTACKS[name]
-    report = await run_attack(server, name, budget.seconds, budget.args,
-                              check_gauges=budget.gauges)
-    print(describe(report))
-    problems = report.health_problems(budget.gauges) + verdict(budget, report.attacker)
-    assert not problems, f"{name}:\n  - " + "\n  - ".join(problems) + "\n" + describe(report)
+    reference = 0
+    for run in range(1, budget.repeat + 1):
+        report = await run_attack(server, name, budget.seconds, budget.args,
+                                  check_gauges=budget.gauges, rss_reference=reference)
+        reference = reference or report.rss_baseline
+        print(f"run {run} of {budget.repeat}: " + describe(report))
+        problems = report.health_problems(budget.gauges) + verdict(budget, report.attacker)
+        assert not problems, (f"{name} (run {run} of {budget.repeat}):\n  - "
+                              + "\n  - ".join(problems) + "\n" + describe(report))

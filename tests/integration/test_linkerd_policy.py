@@ -94,9 +94,11 @@ async def test_get_by_authority_answers_the_same_policy_once(
     assert by_name == by_ip
 
 
-async def test_the_demo_httproute_splits_web_and_an_edit_is_pushed_on_the_open_stream(
+async def test_the_demo_profile_splits_web_and_an_edit_is_pushed_on_the_open_stream(
     make_app: AppFactory, demo_dir: Path
 ) -> None:
+    """web's ServiceProfile routes it (its dstOverrides, 90/10), for a proxy that
+    reads only this policy as for one that follows the profile (Routes §7)."""
     app = await make_app(demo_dir)
     async with channel_to(app) as ch:
         stream = watch_addr(ch, "10.96.10.10", 80)
@@ -104,26 +106,26 @@ async def test_the_demo_httproute_splits_web_and_an_edit_is_pushed_on_the_open_s
         (route,) = policy.protocol.detect.http1.routes
         res = route.metadata.resource
         assert (res.group, res.kind, res.namespace, res.name) == (
-            "policy.linkerd.io", "HTTPRoute", "emojivoto", "web-canary")
-        (rule,) = route.rules
-        weighted = rule.backends.random_available.backends
+            "linkerd.io", "ServiceProfile", "emojivoto", "web.emojivoto.svc.cluster.local")
+        catch_all = route.rules[-1]
+        weighted = catch_all.backends.random_available.backends
         assert [(b.weight, b.backend.backend.balancer.discovery.dst.path) for b in weighted] == [
-            (90, "web.emojivoto.svc.cluster.local:80"),
-            (10, "web-canary.emojivoto.svc.cluster.local:80")]
+            (9000, "web.emojivoto.svc.cluster.local:80"),
+            (1000, "web-canary.emojivoto.svc.cluster.local:80")]
 
         def retarget(doc: dict[str, Any]) -> dict[str, Any]:
-            if doc.get("kind") == "HTTPRoute":
-                refs = doc["spec"]["rules"][0]["backendRefs"]
-                refs[1] = {"name": "no-such-svc", "port": 80, "weight": 10}
+            if doc.get("kind") == "ServiceProfile" and doc["metadata"]["name"].startswith("web."):
+                doc["spec"]["dstOverrides"][1]["authority"] = \
+                    "no-such-svc.emojivoto.svc.cluster.local:80"
             return doc
 
         edit(demo_dir, retarget)
         pushed = await stream.next()
-        (rule,) = pushed.protocol.detect.http1.routes[0].rules
+        rule = pushed.protocol.detect.http1.routes[0].rules[-1]
         missing = rule.backends.random_available.backends[1]
         (failure,) = missing.backend.filters
         assert failure.failure_injector.status == 500
-        assert failure.failure_injector.message == "Service not found no-such-svc"
+        assert failure.failure_injector.message == "Service not found emojivoto/no-such-svc"
         assert missing.backend.backend.metadata.resource.name == "no-such-svc"
         assert missing.backend.backend.WhichOneof("kind") is None
         assert metadata_kinds_all_set(pushed) == []

@@ -216,11 +216,11 @@ def test_envoy_with_the_pages_bootstrap_gets_all_four_types_and_its_node_reaches
             f"http://127.0.0.1:{admin}/config_dump?resource=dynamic_route_configs"))
         [route] = routes["configs"]
         assert route["route_config"]["name"] == WEB
-        # The demo's canary HTTPRoute: the same 90/10 split a Linkerd proxy is told.
+        # web's ServiceProfile: the same 90/10 split a Linkerd proxy follows.
         clusters = route["route_config"]["virtual_hosts"][0]["routes"][0]["route"][
             "weighted_clusters"]["clusters"]
         assert [(c["name"], c["weight"]) for c in clusters] == [
-            (WEB, 90), (WEB.replace("web.", "web-canary."), 10)]
+            (WEB, 9000), (WEB.replace("web.", "web-canary."), 1000)]
 
         # The page's check: its /clusters grep finds the example line it shows.
         check = block("envoy.md", "envoy-check").splitlines()

@@ -12,9 +12,10 @@ from meshbridge.app import App
 from tests.conftest import AppFactory
 from tests.polling import HANG
 
-CANARY_ROW = ("1. prefix / -> web.emojivoto.svc.cluster.local:80 90, "
-              "web-canary.emojivoto.svc.cluster.local:80 10  (HTTPRoute emojivoto/web-canary "
-              "rule 0)")
+# web's ServiceProfile routes it (Routes §7): its catch-all, after its two routes.
+SPLIT = "web.emojivoto.svc.cluster.local:80 9000, web-canary.emojivoto.svc.cluster.local:80 1000"
+CANARY_ROW = (f"prefix / -> {SPLIT}  (ServiceProfile emojivoto/web.emojivoto.svc.cluster.local "
+              "rule 2)")
 
 
 async def cli(*args: str) -> tuple[int, str, str]:
@@ -78,10 +79,12 @@ async def test_debug_endpoints_shows_the_routes_of_each_client_kind_side_by_side
     routes = doc["routes"]
     assert sorted(routes) == ["envoy", "grpc", "linkerd"]
     for kind in routes.values():
-        ((row,),) = [kind["rows"]]
-        assert row["to"] == ("web.emojivoto.svc.cluster.local:80 90, "
-                             "web-canary.emojivoto.svc.cluster.local:80 10")
-        assert kind["left_out"] == []
+        assert {row["to"] for row in kind["rows"]} == {SPLIT}
+    # Every kind is sent web's profile; what each cannot say is listed.
+    assert len(routes["envoy"]["rows"]) == len(routes["linkerd"]["rows"]) == 3
+    assert any("budget" in x for x in routes["envoy"]["left_out"])
+    assert any("GET method" in x for x in routes["grpc"]["left_out"])
+    assert any("order" in x for x in routes["linkerd"]["left_out"])
     # A mirror: Envoy is told it, gRPC and Linkerd are not, and the page says so.
     routes = json.loads(await get("catalog.shop.svc.cluster.local:80"))["routes"]
     assert any(n.startswith("mirror search.shop") for n in routes["envoy"]["rows"][0]["notes"])

@@ -251,7 +251,7 @@ async def test_the_xds_command_prints_what_arrives(demo_dir: Path,
     route = json.loads(out)["resources"][0]["resource"]
     clusters = route["virtual_hosts"][0]["routes"][0]["route"]["weighted_clusters"]["clusters"]
     assert [(c["name"], c["weight"]) for c in clusters] == [
-        (WEB, 90), (WEB.replace("web.", "web-canary."), 10)]  # the demo's canary route
+        (WEB, 9000), (WEB.replace("web.", "web-canary."), 1000)]  # web's profile's split
     code, _, err = await cli("--type", "rds")
     assert code == 2 and "needs at least one NAME" in err
 
