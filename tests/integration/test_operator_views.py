@@ -125,6 +125,12 @@ def test_status_without_a_server_is_one_line_and_exit_1(flag: str) -> None:
     assert "connection refused" in out.stderr
 
 
+def endpoints_table(dom: str) -> str:
+    """The page's endpoints table alone: the port's routes follow in a table of their
+    own, whose rows highlight where client kinds are told different routes."""
+    return dom.split('<table id="endpoints">', 1)[1].split("</table>", 1)[0]
+
+
 async def test_endpoints_page_puts_the_view_and_both_protocols_side_by_side_in_a_browser(
         make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
     # With DRAINING on, xDS sends the terminating web pod that Linkerd leaves out: the
@@ -135,8 +141,7 @@ async def test_endpoints_page_puts_the_view_and_both_protocols_side_by_side_in_a
         tmp_path / "profile")
     assert "<th>core View</th><th>Linkerd Get stream</th><th>xDS ClusterLoadAssignment</th>" \
         in dom
-    # The endpoints table alone: the port's routes follow in a table of their own.
-    endpoints = dom.split('<table id="endpoints">', 1)[1].split("</table>", 1)[0]
+    endpoints = endpoints_table(dom)
     assert '<table id="routes">' in dom.split('<table id="endpoints">', 1)[1]
     rows = {r.split("</td>")[0]: r for r in endpoints.split('<tr class="')[1:]
             for r in [r.split("<td>", 1)[1]] if "</td>" in r}
@@ -159,6 +164,8 @@ async def test_endpoints_page_of_agreeing_protocols_says_so(
     dom = await asyncio.to_thread(
         dump_dom, f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={WEB}",
         tmp_path / "profile")
-    assert "every holder agrees" in dom and 'class="differ"' not in dom
+    endpoints = endpoints_table(dom)
+    assert '<b id="verdict">every holder agrees</b>' in dom
+    assert 'class="differ"' not in endpoints
     # The terminating pod is in the View, and neither protocol announces it.
-    assert dom.count('<td class="omitted">not announced</td>') == 2
+    assert endpoints.count('<td class="omitted">not announced</td>') == 2
