@@ -161,6 +161,16 @@ def plant_profile(folder: Path) -> None:
     edit(folder, "10-emojivoto.yaml", change)
 
 
+def plant_override_weight(folder: Path) -> None:
+    """web's ServiceProfile sends 20% to web-canary, not 10%: every route of the
+    profile carries the split (Routes §7.4)."""
+    def change(docs: list[dict[str, Any]]) -> None:
+        spec = find(docs, "ServiceProfile", f"web.emojivoto.{DOMAIN}")["spec"]
+        spec["dstOverrides"][1]["weight"] = "200m"
+
+    edit(folder, "10-emojivoto.yaml", change)
+
+
 def plant_zone(folder: Path) -> str:
     """A web endpoint's slice says another zone (the xDS locality)."""
     found: list[str] = []

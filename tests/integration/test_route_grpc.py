@@ -5,8 +5,17 @@ the client NACKs nothing it was sent (Routes §1-3, xDS §3.8).
 
 `web` is a server on 127.0.0.2 and `web-v2` one on 127.0.0.3; each answers
 /meshbridge.test.Echo/Who with its address, fails every other Flaky call with
-UNAVAILABLE, and never answers Slow (its call waits until the servers stop), so that
-the route's 300 ms is the only way such a call can end."""
+UNAVAILABLE, and never answers Slow (the call waits until the servers stop), so that
+only a timeout can end it: the route's, well before the probe's own deadline.
+
+The route's timeout is route-wide (an annotation), so fast calls carry it too. grpc
+C-core (grpcio 1.85.3 here) starts a service-config timeout 1 to 2 s before the call
+(its cycle-counter and monotonic clocks have process epochs that differ by one second
+plus a fraction, src/core/util/time.cc; grpc/grpc#34547, #40633): a timeout below
+that fails every call at once without sending it, whatever the control plane sends
+(docs/routes.md, "grpc and short timeouts"). The timeout here is 4 s, and the last
+part of the test pins grpc's behaviour at 300 ms.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import grpc
 
 from meshbridge.app import App
 from tests.conftest import AppFactory
+from tests.integration.grpc_xds_probe import APP_TIMEOUT_S
 from tests.integration.test_route_canary import NS, WEB
 from tests.integration.test_xds_proxyless import PROBE, Probe
 from tests.integration.xds_helpers import Manifests, eventually, service_with_addresses
@@ -28,28 +38,22 @@ from tests.polling import HANG
 
 WEB_IP, V2_IP = "127.0.0.2", "127.0.0.3"
 
-ROUTE = {
-    "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
-    "metadata": {"name": "echo", "namespace": NS, "annotations": {
-        "retry.linkerd.io/grpc": "unavailable", "retry.linkerd.io/limit": "2"}},
-    "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
-             "rules": [
-                 {"matches": [{"headers": [{"name": "x-version", "value": "v2"}]}],
-                  "backendRefs": [{"name": "web-v2", "port": 80}]},
-                 {"matches": [{"method": {"service": "meshbridge.test.Echo",
-                                          "method": "Flaky"}}],
-                  "backendRefs": [{"name": "web", "port": 80}]},
-                 {"backendRefs": [{"name": "web", "port": 80}]},
-             ]}}
-# A route of its own, so that its timeout (an annotation is route-wide) is Slow's only.
-SLOW = {
-    "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
-    "metadata": {"name": "echo-slow", "namespace": NS,
-                 "annotations": {"timeout.linkerd.io/request": "300ms"}},
-    "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
-             "rules": [{"matches": [{"method": {"service": "meshbridge.test.Echo",
-                                                "method": "Slow"}}],
-                        "backendRefs": [{"name": "web", "port": 80}]}]}}
+
+def echo_route(timeout: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
+        "metadata": {"name": "echo", "namespace": NS, "annotations": {
+            "retry.linkerd.io/grpc": "unavailable", "retry.linkerd.io/limit": "2",
+            "timeout.linkerd.io/request": timeout}},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
+                 "rules": [
+                     {"matches": [{"headers": [{"name": "x-version", "value": "v2"}]}],
+                      "backendRefs": [{"name": "web-v2", "port": 80}]},
+                     {"matches": [{"method": {"service": "meshbridge.test.Echo",
+                                              "method": "Flaky"}}],
+                      "backendRefs": [{"name": "web", "port": 80}]},
+                     {"backendRefs": [{"name": "web", "port": 80}]},
+                 ]}}
 
 
 class Servers:
@@ -57,6 +61,8 @@ class Servers:
         self.servers: list[grpc.aio.Server] = []
         self.port = 0
         self.flaky = 0
+        self.who = 0  # calls that reached a server
+        self.slow = 0
         self.stopping = asyncio.Event()  # what a Slow call waits for
 
     async def start(self) -> None:
@@ -75,6 +81,7 @@ class Servers:
         server = grpc.aio.server()
 
         async def who(_req: bytes, _ctx: Any) -> bytes:
+            self.who += 1
             return ip.encode()
 
         async def flaky(_req: bytes, ctx: Any) -> bytes:
@@ -84,6 +91,7 @@ class Servers:
             return ip.encode()
 
         async def slow(_req: bytes, _ctx: Any) -> bytes:
+            self.slow += 1
             await self.stopping.wait()
             return ip.encode()
 
@@ -134,7 +142,7 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
             edits.write(f"{name}.yaml", service_with_addresses(
                 NS, name, 80, servers.port, [(ip, "zone-a")], app_protocol="grpc",
                 port_name="grpc"))
-        edits.write("route.yaml", [ROUTE, SLOW])
+        edits.write("route.yaml", [echo_route("4s")])
         app: App = await make_app(manifests)
         proc = await start_probe(app.grpc_port)
         probe = Probe(proc)
@@ -149,16 +157,64 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
         # Every other Flaky call fails UNAVAILABLE: the retry makes every call succeed.
         assert await probe.call(10, "Flaky") == {"backends": {WEB_IP: 10}, "errors": {}}
         assert servers.flaky == 20
-        # max_stream_duration (300 ms) ends a call the backend takes 3 s to answer.
-        assert await probe.call(2, "Slow") == {"backends": {},
-                                                "errors": {"DEADLINE_EXCEEDED": 2}}
+        # max_stream_duration ends a call the backend never answers, after the call
+        # reached it and before the call's own deadline.
+        slow = await probe.call(1, "Slow", timed=True)
+        assert (slow["backends"], slow["errors"]) == ({}, {"DEADLINE_EXCEEDED": 1}), slow
+        assert servers.slow == 1 and slow["seconds"] < APP_TIMEOUT_S, slow
         # grpc took every resource it was sent.
         [stream] = [s for s in app.streams.all() if s.client == "grpc-route-probe"]
         assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]
         for state in stream.types.values():
             assert not state.last_nack_error
             assert state.last_ack_version == state.last_sent_version
+
+        # grpc's behaviour, pinned: a 300 ms route timeout fails every call at once,
+        # fast or not, and none reaches a server.
+        edits.write("route.yaml", [echo_route("300ms")])
+
+        async def failing() -> tuple[bool, Any]:
+            got = await probe.call(1)
+            return got["errors"] == {"DEADLINE_EXCEEDED": 1}, got
+        await eventually(failing, HANG, "the 300 ms timeout reaching grpc", interval=0)
+        reached = servers.who
+        assert await probe.call(5) == {"backends": {}, "errors": {"DEADLINE_EXCEEDED": 5}}
+        assert servers.who == reached
     finally:
         if proc is not None and proc.returncode is None:
             proc.kill()
         await servers.stop()
+
+
+async def test_grpc_fails_a_short_service_config_timeout_at_once_without_xds() -> None:
+    """The same with no xDS at all: a plain channel whose service config gives every
+    method a 300 ms timeout (what grpc makes of max_stream_duration) fails a call to a
+    server that answers at once, before sending it: grpc's clocks, not our encoding."""
+    server = grpc.aio.server()
+    reached = 0
+
+    async def who(_req: bytes, _ctx: Any) -> bytes:
+        nonlocal reached
+        reached += 1
+        return b"ok"
+
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "meshbridge.test.Echo", {"Who": grpc.unary_unary_rpc_method_handler(who)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    config = {"methodConfig": [{"name": [{}], "timeout": "0.300s"}]}
+    try:
+        async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}",
+                options=[("grpc.service_config", json.dumps(config))]) as channel:
+            call = channel.unary_unary("/meshbridge.test.Echo/Who")
+            codes = []
+            for _ in range(5):
+                try:
+                    await call(b"", timeout=APP_TIMEOUT_S, wait_for_ready=True)
+                    codes.append("OK")
+                except grpc.aio.AioRpcError as e:
+                    codes.append(e.code().name)
+        assert codes == ["DEADLINE_EXCEEDED"] * 5 and reached == 0
+    finally:
+        await server.stop(None)

@@ -39,11 +39,13 @@ from tests.integration.shadow_support import (
     REPORTS,
     WEB,
     ShadowRun,
+    fields_of,
     non_equal,
     plant_external_name,
     plant_extra_endpoint,
     plant_identity,
     plant_missing_service,
+    plant_override_weight,
     restore,
 )
 
@@ -240,6 +242,38 @@ async def test_reports_exactly_the_planted_differences_and_their_removal(
     rc, summary = await run.finish()
     assert rc == 1
     assert [u["target"] for u in summary["unagreed"]] == [BILLING]
+
+
+async def test_routes_are_compared_field_by_field(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    """--routes: each target's OutboundPolicies answer too, every field. Planted: theirs'
+    web profile sends 20% to the canary; the profile routes web (Routes §7), so every
+    route of the policy carries the split (HTTP/1 and HTTP/2, the opaque route too),
+    and the profile says it once."""
+    linkerd_layer()
+    theirs_dir = copy(demo_dir, tmp_path / "theirs")
+    plant_override_weight(theirs_dir)
+    ours, theirs = await make_app(demo_dir), await make_app(theirs_dir)
+    run = ShadowRun("--api", "linkerd", "--ours", addr(ours), "--theirs", addr(theirs),
+                    "--all", "--routes", "--workload", '{"ns":"emojivoto","pod":"shadow"}')
+    latest = await run.until(run.settled, "every target compared")
+    found = non_equal(latest)
+    status, web = found.pop(WEB)
+    assert (status, found) == ("differs", {})
+    split = "backends.random_available.backends[1].weight"
+    detect = "policy.protocol.detect"
+    assert fields_of(web) == {
+        "profile.dst_overrides[1].weight": ("1000", "2000"),
+        f"{detect}.opaque.routes[0].rules[0].{split}": ("1000", "2000"),
+        **{f"{detect}.{proto}.routes[0].rules[{i}].{split}": ("1000", "2000")
+           for proto in ("http1", "http2") for i in range(3)}}
+    assert latest[WEB]["differences"] == [d for d in web if d["kind"] == "field"]
+
+    restore(theirs_dir, demo_dir, "10-emojivoto.yaml")
+    agreed = await run.until(partial(run.agreed, WEB), "web agrees again")
+    assert agreed[-1]["time_to_agree_ms"] > 0
+    rc, summary = await run.finish()
+    assert (rc, summary["ok"]) == (0, True)
 
 
 async def test_a_changed_weight_is_reported_on_exactly_the_weighted_endpoints(

@@ -59,10 +59,13 @@ class Probe:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
 
-    async def call(self, n: int, method: str = "Who", *metadata: str) -> dict[str, Any]:
-        """n calls of /meshbridge.test.Echo/<method>, with KEY=VALUE metadata."""
+    async def call(self, n: int, method: str = "Who", *metadata: str,
+                   timed: bool = False) -> dict[str, Any]:
+        """n calls of /meshbridge.test.Echo/<method>, with KEY=VALUE metadata (`timed`:
+        and the slowest call's `seconds`)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"call {n} {method} {' '.join(metadata)}\n".encode())
+        command = "timed" if timed else "call"
+        self.proc.stdin.write(f"{command} {n} {method} {' '.join(metadata)}\n".encode())
         await self.proc.stdin.drain()
         line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
         if not line:
