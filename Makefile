@@ -64,8 +64,8 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: install-dev
-	$(BIN)/ruff check bridge meshbridge h2grpc linkerd_api xds_api admission harness tests bench fuzz \
-		scripts
+	$(BIN)/ruff check bridge meshbridge h2grpc linkerd_api xds_api admission harness testkit tests \
+		bench fuzz scripts
 	$(BIN)/mypy
 
 bench: install-bench

@@ -34,8 +34,7 @@ from cryptography import x509
 from admission.review import BadReview, answer, decide, parse
 from admission.server import DEFAULT_MAX_BODY, HttpsListener, Reply
 from admission.validators import Validators
-from meshbridge.app import split_listen_address
-from meshbridge.host import Host
+from meshbridge.host import GrpcServer, Host, Layer, split_listen_address
 
 log = structlog.get_logger("meshbridge.admission")
 
@@ -92,11 +91,16 @@ def options_from_args(args: argparse.Namespace) -> WebhookOptions:
                           bool(args.webhook_cert_from_identity), names or (DEFAULT_NAMES,))
 
 
-def register(host: Host, server: Any) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     options = host.options_for(WebhookOptions)
     if not options.listen:
         return
-    host.keep("admission", AdmissionWebhook(host, options))
+    webhook = AdmissionWebhook(host, options)
+    host.add_hooks(webhook)  # its own listener, started once the gRPC port serves
+    host.keep("admission", webhook)
+
+
+LAYER = Layer("admission.webhook", register, (WebhookOptions,))
 
 
 class AdmissionWebhook:
@@ -131,9 +135,12 @@ class AdmissionWebhook:
                      dry_run=bool(request.get("dryRun")), reason=verdict.message)
         return Reply(200, json.dumps(answer(review, verdict)).encode(), "application/json")
 
-    # ---------------------------------------------------------- listeners (App hooks)
+    # ---------------------------------------------------------- listeners (LayerHooks)
 
-    async def start_listeners(self, grpc_listen: str, grpc_port: int) -> None:
+    def grpc_port_tls(self) -> ssl.SSLContext | None:
+        return None  # the gRPC port's TLS is not the webhook's
+
+    async def start_listeners(self, listen: str, port: int) -> None:
         if self.options.cert is not None and self.options.key is not None:
             self.certificate = FileCertificate(self.options.cert, self.options.key)
         else:

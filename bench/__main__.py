@@ -3,7 +3,7 @@
     python -m bench [--quick] [--only fanout,memory,churn,connect,encode,bigservice,routes,
                                      gcp,failover,parallel] [--out FILE]
     python -m bench NAME...      run benchmark modules by name, each printing its own
-                                 report (e.g. `python -m bench xds_fanout`)
+                                 report (e.g. `python -m bench big_service`)
 
 The table is built by running benchmark modules, each in its own process (so one
 benchmark's memory and threads cannot skew the next one's figures) with `--json`,

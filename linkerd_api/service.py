@@ -57,8 +57,7 @@ from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.queue import UpdateQueue
 from linkerd_api.render import to_dict
 from linkerd_api.translate import Translator, address_text, ready_endpoints, set_labels
-from meshbridge.host import Host
-from meshbridge.stream_registry import StreamInfo
+from meshbridge.host import GrpcServer, Host, Layer, StreamInfo
 
 log = structlog.get_logger("meshbridge.linkerd")
 
@@ -124,13 +123,16 @@ def options_from_args(args: argparse.Namespace) -> LinkerdOptions:
     return LinkerdOptions(args.destination_semantics, args.stream_queue_capacity)
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     """Mount the destination service on the host's gRPC server."""
     service = DestinationService(host, host.options_for(LinkerdOptions))
     server.add_generic_rpc_handlers((service.handler(),))
     host.on_stop(service.stop)
     host.add_renderer("linkerd", service.render_view)
     host.keep("linkerd", service)
+
+
+LAYER = Layer("linkerd_api.service", register, (LinkerdOptions,))
 
 
 class DestinationService:

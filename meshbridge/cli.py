@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -161,6 +160,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from bridge.sources.base import SourceSpecError
     from bridge.sources.catalog import make_source
     from meshbridge.app import App, ServeOptions, TlsFiles
+    from meshbridge.host import LayerError
     from meshbridge.startup import (
         check_kube_access,
         check_listen_address,
@@ -207,21 +207,25 @@ async def _serve(args: argparse.Namespace) -> int:
     limits = Limits(args.max_streams_per_connection, args.max_message_bytes,
                     args.max_streams_per_client, args.max_resource_names, h2=h2)
     try:
-        layer_options = (DebugAccess(args.debug_access, bool(args.client_ca)), *(
-            mod.options_from_args(args) for mod in layers.layer_modules()
-            if hasattr(mod, "options_from_args")))
+        debug_access = DebugAccess(args.debug_access, bool(args.client_ca))
+        layer_options = tuple(mod.options_from_args(args) for mod in layers.layer_modules()
+                              if hasattr(mod, "options_from_args"))
     except ValueError as e:
         log.error("bad protocol-layer option", reason=str(e))
         return 2
     app = App(source, mesh_config(args),
-              ServeOptions(args.listen, args.admin, vars(args), limits, tls,
-                           args.grpc_transport, layer_options), layers.protocol_layers())
+              ServeOptions(args.listen, args.admin, limits, tls, args.grpc_transport,
+                           layer_options, debug_access), layers.protocol_layers())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    gctune.before_sync()
     try:
         await app.start(wait_synced=False)
+    except LayerError as e:  # a layer that does not keep to meshbridge.host's interface
+        log.error(str(e))
+        return 2
     except OSError as e:
         # Which port: the gRPC one is bound first, so no admin port means the gRPC one.
         flag, addr = getattr(e, "listen_flag", None) or (
@@ -318,10 +322,25 @@ class Parser(argparse.ArgumentParser):
 
 
 def version() -> str:
+    import importlib.metadata  # only for --version: a fair share of start-up's imports
+
     try:
         return importlib.metadata.version("meshbridge")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
         return "unknown"
+
+
+class _Version(argparse.Action):
+    """argparse's `version` action, finding the version only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"meshbridge {version()}")
+        parser.exit()
 
 
 def env_name(action: argparse.Action) -> str | None:
@@ -376,8 +395,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                     "and Envoy's xDS. Every flag can also be set as MESHBRIDGE_<FLAG> "
                     "(e.g. MESHBRIDGE_LOG_LEVEL=debug); the command line wins.",
     )
-    parser.add_argument("--version", action="version", version=f"meshbridge {version()}",
-                        help="print the version and exit")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_HELP)
     _add_common(serve)

@@ -13,9 +13,10 @@
                            address, differences highlighted; JSON with ?format=json or
                            Accept: application/json)
 
-Protocol layers add a renderer to `App.renderers`: a function from a View to
-`(endpoints, message)`, where `endpoints` maps "ip:port" to the fields that protocol
-carries (for the comparison) and `message` is the encoded message as proto-JSON.
+Protocol layers add a renderer (`Host.add_renderer`, meshbridge.host.Renderer): a
+function from a View to `(endpoints, message)`, where `endpoints` maps "ip:port" to
+the fields that protocol carries (for the comparison) and `message` is the encoded
+message as proto-JSON.
 """
 
 from __future__ import annotations
@@ -27,20 +28,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.authority import AuthorityError, format_authority, parse_authority, view_authority
-from bridge.model import FilterKey, ServiceKey, ViewKey
-from bridge.routes.text import RouteRow
+from bridge.model import FilterKey, ViewKey
 from meshbridge.admin import Request, Response
-from meshbridge.debug_access import DebugAccess
 from meshbridge.stream_registry import human_time
 
 if TYPE_CHECKING:
     from bridge.views import View
     from meshbridge.app import App
-
-Renderer = Callable[["View"], tuple[dict[str, dict[str, Any]], Any]]
-# A Service port's routes as one client kind is told them, for a client namespace:
-# the route-table rows and what that kind is not told (Routes §3.4).
-RouteRenderer = Callable[[ServiceKey, int, str], tuple[list[RouteRow], list[str]]]
 
 _ENDPOINTS_PARAMS = {"authority", "node", "format", "namespace"}
 
@@ -78,7 +72,7 @@ def views_json(app: App) -> list[dict[str, Any]]:
 
 
 def install(app: App) -> None:
-    access = app.options_for(DebugAccess)
+    access = app.options.debug_access
 
     def guarded(page: Callable[[Request], Response]) -> Callable[[Request], Response]:
         # These pages reveal configuration: served under --debug-access only.

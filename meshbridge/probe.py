@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 
-from meshbridge.app import split_listen_address
+from meshbridge.host import split_listen_address
 
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _SETTINGS = 0x4

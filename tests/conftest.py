@@ -1,4 +1,5 @@
-"""Shared fixtures: a meshbridge App served on loopback from a manifest folder."""
+"""Shared fixtures: meshbridge Apps served on loopback (`apps`), from a manifest folder
+(`make_app`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 from bridge.model import MeshConfig
 from bridge.sources.catalog import DEMO_DIR
 from bridge.sources.files import FilesSource
-from meshbridge.app import App, ProtocolLayer, ServeOptions
-from meshbridge.layers import protocol_layers
+from meshbridge.app import App
+from meshbridge.host import Layer
+from testkit.serving import Apps
 
 AppFactory = Callable[..., Any]
 
@@ -47,31 +49,23 @@ def demo_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def make_app() -> AsyncIterator[AppFactory]:
-    """Start Apps on 127.0.0.1 with ephemeral ports; all are stopped at teardown.
+async def apps() -> AsyncIterator[Apps]:
+    """Start Apps on 127.0.0.1 with ephemeral ports (`apps.start(source, ...)`); all
+    are stopped at teardown."""
+    started = Apps()
+    yield started
+    await started.stop_all()
 
-    make_app(manifests_dir, config=MeshConfig(...), layers=[...], grpc_transport=...,
-             layer_options=(XdsOptions(...), ...), **extra_options)
-    """
-    apps: list[App] = []
 
-    async def factory(
-        manifests: Path,
-        config: MeshConfig | None = None,
-        layers: Iterable[ProtocolLayer] | None = None,
-        grpc_transport: str = "native",
-        layer_options: tuple[object, ...] = (),
-        **extra: object,
-    ) -> App:
-        source = FilesSource(manifests, poll_interval=0.05)
-        options = ServeOptions("127.0.0.1:0", "127.0.0.1:0", dict(extra),
-                               grpc_transport=grpc_transport, layer_options=layer_options)
-        app = App(source, config, options,
-                  list(layers) if layers is not None else protocol_layers())
-        apps.append(app)
-        await app.start()
-        return app
+@pytest.fixture
+def make_app(apps: Apps) -> AppFactory:
+    """make_app(manifests_dir, config=MeshConfig(...), layers=[...], and ServeOptions'
+    fields: grpc_transport=..., layer_options=(XdsOptions(...), ...), debug_access=...):
+    an App on a manifest folder, started."""
 
-    yield factory
-    for app in apps:
-        await app.stop(grace=0.5)
+    async def factory(manifests: Path, config: MeshConfig | None = None,
+                      layers: Iterable[Layer] | None = None, **options: Any) -> App:
+        return await apps.start(FilesSource(manifests, poll_interval=0.05), config, layers,
+                                **options)
+
+    return factory

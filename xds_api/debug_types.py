@@ -34,8 +34,15 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.service.status.v3 import csds_pb2
 from google.protobuf import any_pb2, json_format, struct_pb2, timestamp_pb2
 
-from meshbridge.debug_access import DebugAccess
-from meshbridge.stream_registry import NACKED, NOT_SENT, STALE, SYNCED, StreamInfo, StreamRegistry
+from meshbridge.host import (
+    NACKED,
+    NOT_SENT,
+    STALE,
+    SYNCED,
+    DebugAccess,
+    StreamInfo,
+    StreamRegistry,
+)
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.stream import DEBUG_TYPE, DebugReply, Forbidden, XdsStream

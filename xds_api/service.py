@@ -31,10 +31,7 @@ from bridge.authority import view_authority
 from bridge.model import ResolvedEndpoint, ServiceKey, ViewKey
 from bridge.routes.text import RouteRow
 from bridge.views import View
-from meshbridge.debug_access import DebugAccess
-from meshbridge.host import Host
-from meshbridge.stream_registry import StreamInfo
-from meshbridge.writes import NowaitWriter, nowait_writer
+from meshbridge.host import GrpcServer, Host, Layer, NowaitWriter, StreamInfo, nowait_writer
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
@@ -145,7 +142,7 @@ def options_from_args(args: argparse.Namespace) -> XdsOptions:
                       leds_threshold=int(args.xds_leds_threshold))
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     """Mount the xDS services on the host's gRPC server; the service is kept on the
     host as "xds" (tests and tools reach it with `host.service("xds")`)."""
     service = XdsService(host, host.options_for(XdsOptions))
@@ -155,6 +152,9 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     host.add_route_renderer("envoy", partial(service.render_routes, ClientKind.ENVOY))
     host.add_route_renderer("grpc", partial(service.render_routes, ClientKind.GRPC))
     host.keep("xds", service)
+
+
+LAYER = Layer("xds_api.service", register, (XdsOptions,))
 
 
 def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
@@ -192,7 +192,7 @@ class XdsService:
         self.runners: set[StreamRunner] = set()
         # istiod's debug types (§9.2), where the admin port's debug pages would be.
         self.debug = DebugTypes(host.streams, lambda: [r.stream for r in self.runners],
-                                self.cache, access=host.options_for(DebugAccess),
+                                self.cache, access=host.debug_access,
                                 cluster_id=options.istio_cluster_id)
         # Streams with something to write, written in one callback at the end of this
         # loop turn (one change to 5,000 streams: one callback).

@@ -22,7 +22,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from bridge.views import View
-from meshbridge.stream_registry import StreamInfo
+from meshbridge.host import StreamInfo
 from xds_api import node_identity, wire
 from xds_api import resource_types as rt
 from xds_api.caches.type_cache import Reply, Watcher

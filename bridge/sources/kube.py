@@ -1,16 +1,24 @@
-"""The kube source: list + watch a real Kubernetes API, the way an informer does.
+"""The kube source: each kind's state and changes from a real Kubernetes API, the way
+an informer does.
 
-One thread per kind runs the blocking list/watch loop and hands decoded events to the
-asyncio loop (`call_soon_threadsafe`), so the loop never blocks on the network. The
-`kubernetes` package is used for what it does best — reading kubeconfig and in-cluster
-credentials — and the requests are plain HTTP/JSON over urllib3, so every object
-reaches `decode_object` in exactly the shape a manifest file has.
+One thread per kind runs the blocking watch loop and hands decoded events to the
+asyncio loop (`call_soon_threadsafe`), so the loop never blocks on the network.
+Credentials and requests are bridge/sources/kube_api.py's; what the API sends (its
+protobuf for the built-in kinds, JSON for the others) becomes the mappings
+`decode_object` reads through bridge/sources/kube_wire.py, so every object reaches
+the decoders in the shape a manifest file has.
+
+A big cluster's state never sits in memory as one document: the watch asks the
+server to send the state first, object by object, up to a bookmark that marks its
+end (WatchList, `sendInitialEvents`; served from the server's cache), and the same
+stream then carries the changes. A server that cannot (before 1.27, or with the
+feature off) is listed in pages (`limit`/`continue`), then watched.
 
 Watch correctness, as client-go's reflector does it:
-  * the list's resourceVersion carries into the watch; bookmarks are requested and
+  * the state's resourceVersion carries into the watch; bookmarks are requested and
     only move that resourceVersion forward;
   * a server-side watch timeout is renewed silently from the last resourceVersion;
-  * `410 Gone` relists, and the relist is applied as the real difference only
+  * `410 Gone` reads the state again, and applies it as the real difference only
     (`Cluster.replace`), so no spurious remove/add reaches any stream;
   * disconnects retry with capped exponential backoff and full jitter; meanwhile the
     last-known state keeps being served and `stale` is true (so /ready says so).
@@ -21,11 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,12 +43,15 @@ import structlog
 from bridge.cluster import Cluster, Event, EventType
 from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
 from bridge.routes.index import ROUTE_STORE_KINDS
+from bridge.sources import kube_wire
 from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
 from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
 LIST_PAGE = 500
+# The annotation on the bookmark that ends a watch's initial events.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 WATCH_TIMEOUT_RANGE = (240, 480)  # seconds; randomised like client-go to spread renewals
 BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0
 FORBIDDEN_RETRY = 60.0  # an RBAC denial is retried, slowly, in case it is fixed
@@ -99,6 +109,10 @@ def watched_kinds(endpoints_api: str) -> list[KindSpec]:
     return [KINDS[k] for k in order]
 
 
+class NotOffered(Exception):
+    """The API server cannot stream a watch's initial state: list it instead."""
+
+
 def newest_update_time(raw: dict[str, Any]) -> float | None:
     """The newest managedFields time of an Update operation (Linkerd's informer lag)."""
     newest = None
@@ -107,10 +121,14 @@ def newest_update_time(raw: dict[str, Any]) -> float | None:
     for f in fields if isinstance(fields, list) else ():
         if not isinstance(f, dict) or f.get("operation") != "Update":
             continue
+        t: float | None = None
         if isinstance(f.get("time"), str):
             with contextlib.suppress(ValueError):
                 t = datetime.fromisoformat(f["time"].replace("Z", "+00:00")).timestamp()
-                newest = t if newest is None or t > newest else newest
+        elif isinstance(f.get("time"), int):  # from the protobuf encoding (kube_wire)
+            t = float(f["time"])
+        if t is not None and (newest is None or t > newest):
+            newest = t
     return newest
 
 
@@ -130,11 +148,17 @@ class KindWatcher:
         self.synced = False
         self.resource_version = ""
         self.relists = 0
+        self.started_at = time.monotonic()
+        # The kind's whole state is wanted (at start, after 410 Gone).
+        self.need_state = True
+        # Whether the server streams a watch's initial state: unknown until it says.
+        self.watch_list: bool | None = None
         self._response: Any = None
         self._update_times: dict[tuple[str, str], float] = {}
         self.thread = threading.Thread(target=self._run, name=f"watch-{spec.kind}", daemon=True)
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.thread.start()
 
     def stop(self) -> None:
@@ -150,23 +174,26 @@ class KindWatcher:
 
     def _run(self) -> None:
         attempt = 0
-        need_list = True
         reported: str | None = None
         while not self.stopping.is_set():
             try:
-                if need_list:
+                if self.need_state and self.watch_list is False:
                     self._list()
-                    need_list = False
                     reported = None
-                self.connected, self.unavailable = True, False
-                attempt = 0
                 self._watch()  # returns when the server ends the watch: renew silently
+                attempt = 0
+                if not self.need_state:
+                    reported = None
+            except NotOffered as e:
+                log.info("the API server does not stream initial state; listing in pages",
+                         kind=self.spec.kind, reason=str(e))
+                self.watch_list = False
             except Gone:
                 log.info("watch expired; relisting", kind=self.spec.kind,
                          resource_version=self.resource_version)
-                need_list = True
+                self.need_state = True
             except ApiError as e:
-                self.connected = False
+                attempt = self._lost(attempt)
                 if e.status == 404 and self.spec.optional:
                     if reported != "missing":
                         log.warning("CRD not installed; will check again later",
@@ -183,12 +210,19 @@ class KindWatcher:
                     self.stopping.wait(FORBIDDEN_RETRY)
                 else:
                     attempt = self._back_off(attempt, str(e))
-                need_list = need_list or not self.resource_version
+                self.need_state = self.need_state or not self.resource_version
             except Exception as e:  # network errors, truncated streams: retry
                 if self.stopping.is_set():
                     return
-                self.connected = False
+                attempt = self._lost(attempt)
                 attempt = self._back_off(attempt, f"{type(e).__name__}: {e}")
+
+    def _lost(self, attempt: int) -> int:
+        """The API is out of reach. A watch that connected since the last failure
+        starts the back-off afresh: a new outage must not wait out the last one's
+        growing delays (up to BACKOFF_CAP) after the server is back."""
+        had_connected, self.connected = self.connected, False
+        return 0 if had_connected else attempt
 
     def _settle_empty(self) -> None:
         """A kind we cannot read counts as listed-empty so readiness is not held hostage."""
@@ -205,50 +239,98 @@ class KindWatcher:
         return attempt + 1
 
     def _list(self) -> None:
+        """The state in pages (`limit`/`continue`), for a server that cannot stream it:
+        only one page is ever held undecoded."""
         objs: list[KubeObject] = []
         params: dict[str, Any] = {"limit": LIST_PAGE}
         while True:
-            page = self.client.get_json(self.spec.path, params)
-            for raw in page.get("items") or []:
+            resp = self.client.open(self.spec.path, params, read_timeout=60.0,
+                                    accept=kube_wire.accept(self.spec.kind))
+            try:
+                page = kube_wire.decode_list(self.spec.kind, resp.read(),
+                                             resp.headers.get("Content-Type"))
+            finally:
+                resp.release_conn()
+            for raw in page.items:
                 obj = self._decode(raw)
                 if obj is not None:
                     objs.append(obj)
                     self._note_update_time(raw, observe=False)
-            md = page.get("metadata") or {}
-            cont = md.get("continue")
-            if not cont:
-                self.resource_version = str(md.get("resourceVersion", ""))
+            if not page.continue_token:
+                self.resource_version = page.resource_version
                 break
-            params = {"limit": LIST_PAGE, "continue": cont}
+            params = {"limit": LIST_PAGE, "continue": page.continue_token}
+        self._replace(objs)
+
+    def _replace(self, objs: list[KubeObject]) -> None:
+        log.debug("state received", kind=self.spec.kind, objects=len(objs),
+                  streamed=bool(self.watch_list), relist=self.relists,
+                  seconds=round(time.monotonic() - self.started_at, 3))
         self.relists += 1
+        self.need_state = False
         self.emit(("replace", self.spec.kind, objs))
         self.synced = True
 
     def _watch(self) -> None:
+        """One watch, renewed by the caller when the server ends it. While the state is
+        needed, and unless the server has said it cannot, the watch asks the server to
+        send the state first (`sendInitialEvents`, served from its cache) as ADDED
+        events up to a bookmark that says so: the state arrives one object at a time,
+        and the same stream then carries the changes."""
         timeout = random.randint(*WATCH_TIMEOUT_RANGE)
-        params = {"watch": "1", "resourceVersion": self.resource_version,
-                  "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout)}
-        resp = self.client.open(self.spec.path, params, read_timeout=timeout + 30)
-        self._response = resp
+        params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout)}
+        initial: list[KubeObject] | None = None
+        if self.need_state:
+            initial = []
+            params |= {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"}
+        else:
+            params["resourceVersion"] = self.resource_version
         try:
-            for line in _lines(resp):
+            resp = self.client.open(self.spec.path, params, read_timeout=timeout + 30,
+                                    accept=kube_wire.accept(self.spec.kind))
+        except ApiError as e:
+            if initial is not None and e.status in (400, 422):  # it cannot (or is older)
+                raise NotOffered(e.reason) from e
+            raise
+        self._response = resp
+        self.connected, self.unavailable = True, False
+        try:
+            events = kube_wire.watch_events(self.spec.kind, resp.stream(65536),
+                                            resp.headers.get("Content-Type"))
+            for etype, raw in events:
                 if self.stopping.is_set():
                     return
-                self._handle(json.loads(line))
+                if initial is None:
+                    self._handle(etype, raw)
+                elif etype == "ADDED":
+                    obj = self._decode(raw)
+                    if obj is not None:
+                        initial.append(obj)
+                        self._note_update_time(raw, observe=False)
+                elif etype == "BOOKMARK" and _initial_events_end(raw):
+                    self._track(raw)
+                    self.watch_list = True
+                    self._replace(initial)
+                    initial = None
+                else:
+                    self._handle(etype, raw)
         finally:
             self._response = None
             with contextlib.suppress(Exception):
                 resp.release_conn()
 
-    def _handle(self, event: dict[str, Any]) -> None:
-        etype, raw = event.get("type"), event.get("object") or {}
+    def _track(self, raw: dict[str, Any]) -> dict[str, Any]:
+        md = raw.get("metadata") or {}
+        if md.get("resourceVersion"):
+            self.resource_version = str(md["resourceVersion"])
+        return md
+
+    def _handle(self, etype: str, raw: dict[str, Any]) -> None:
         if etype == "ERROR":
             if raw.get("code") == 410:
                 raise Gone(str(raw.get("message", "")))
             raise ApiError(int(raw.get("code") or 0), str(raw.get("message", "")))
-        md = raw.get("metadata") or {}
-        if md.get("resourceVersion"):
-            self.resource_version = str(md["resourceVersion"])
+        md = self._track(raw)
         if etype == "BOOKMARK":
             return
         if etype == "DELETED":
@@ -293,16 +375,10 @@ class KindWatcher:
         self._update_times[key] = t
 
 
-def _lines(resp: Any) -> Iterator[bytes]:
-    buf = b""
-    for chunk in resp.stream(65536):
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            if line.strip():
-                yield line
-    if buf.strip():
-        yield buf
+def _initial_events_end(raw: dict[str, Any]) -> bool:
+    """The bookmark that ends a watch's initial state (the API's watch-list)."""
+    annotations = (raw.get("metadata") or {}).get("annotations") or {}
+    return bool(annotations.get(INITIAL_EVENTS_END) == "true")
 
 
 class KubeSource:

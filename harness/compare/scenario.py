@@ -176,7 +176,8 @@ def check_for_compare(scenario: Scenario, duration: float | None = None) -> Comp
         if duration <= 0:
             raise ScenarioError(f"--duration: must be > 0, got {duration!r}")
         scenario = _with_duration(scenario, duration)
-    if scenario.duration is None:
+    if scenario.duration is None and not scenario.routes:
+        # A route-edit run (harness.compare.route_edit) is bounded by its edits.
         raise ScenarioError("duration: compare needs a bounded run (seconds of churn)")
     clients = parse_clients(scenario.clients, scenario.cluster.services)
     return CompareScenario(scenario, clients)

@@ -29,7 +29,7 @@ import grpc
 import pytest
 
 from h2grpc.server import Server, tls_context
-from tests.attacks.attackers import (
+from testkit.attacks.attackers import (
     PREFACE,
     SETTINGS_ACK,
     data,
@@ -42,8 +42,8 @@ from tests.attacks.attackers import (
     stateless_block,
     window_update,
 )
-from tests.attacks.certs import self_signed
-from tests.polling import eventually
+from testkit.certs import self_signed
+from testkit.polling import eventually
 
 GOAWAY, PROTOCOL_ERROR, INITIAL_WINDOW_SIZE = 0x7, 0x1, 0x4
 MAX_WINDOW = 2**31 - 1

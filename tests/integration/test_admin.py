@@ -13,7 +13,7 @@ from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import View, ViewChange
 from meshbridge.app import App
 from meshbridge.debug_access import DebugAccess
-from tests.polling import HANG, eventually
+from testkit.polling import eventually
 
 
 class Sink:
@@ -71,7 +71,7 @@ async def test_debug_pages_reject_bad_requests_with_one_line(
 async def test_debug_pages_follow_debug_access_and_the_probes_do_not(
     make_app: Any, demo_dir: Path
 ) -> None:
-    app = await make_app(demo_dir, layer_options=(DebugAccess("off"),))
+    app = await make_app(demo_dir, debug_access=DebugAccess("off"))
     for path in ("/", "/debug/views", "/debug/streams", "/debug/syncz",
                  "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80"):
         status, body = await get(app, path)

@@ -29,10 +29,10 @@ from admission.webhook import WebhookOptions
 from bridge.sources.kube import KubeSource
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually_sync
 from tests.integration.test_kube_policy import install_crds
-from tests.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

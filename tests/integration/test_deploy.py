@@ -18,8 +18,8 @@ from kubernetes.client.rest import ApiException
 from bridge.cluster import Cluster
 from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources.kube import KINDS, POLICY_KINDS, KubeSource, watched_kinds
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

@@ -21,13 +21,14 @@ from cryptography.x509.oid import NameOID
 
 from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions, TlsFiles
+from meshbridge.host import GrpcServer, Host, Layer
 from meshbridge.limits import Limits
-from tests.polling import HANG, eventually
+from testkit.polling import eventually
 
 METHOD = "/meshbridge.test.Hold/Stream"
 
 
-def hold_layer(app: App, server: grpc.aio.Server) -> None:
+def hold(host: Host, server: GrpcServer) -> None:
     async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         yield b"hello"
         await asyncio.Event().wait()  # hold the stream open until cancelled
@@ -40,7 +41,7 @@ async def start(tmp_path: Path, **options: Any) -> App:
     (tmp_path / "m").mkdir(exist_ok=True)
     app = App(FilesSource(tmp_path / "m"), options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
                                                                 **options),
-              layers=[hold_layer])
+              layers=[Layer("hold", hold)])
     await app.start()
     return app
 

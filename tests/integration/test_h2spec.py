@@ -31,7 +31,7 @@ import pytest
 from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.layers import protocol_layers
-from tests.attacks.certs import self_signed
+from testkit.certs import self_signed
 from tests.conftest import AppFactory
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import yaml
 from kubernetes import client, config, dynamic
 from kubernetes.client.rest import ApiException
 
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

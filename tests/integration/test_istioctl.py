@@ -25,14 +25,14 @@ from linkerd_api.proto import destination_pb2 as dst
 from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.debug_access import DebugAccess
 from meshbridge.layers import protocol_layers
+from testkit import kubeapi
+from testkit.envoy import Envoy, envoy_binary
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually
 from tests.conftest import AppFactory
-from tests.integration import kubeapi
-from tests.integration.envoy import Envoy, envoy_binary
-from tests.integration.kubeapi import KubeAPIServer
 from tests.integration.test_grpc_port import _cert, _key_pem, _pem
 from tests.integration.test_xds_proxyless import Probe, start_backends, start_probe
 from tests.integration.xds_helpers import Manifests, service_with_addresses
-from tests.polling import HANG, eventually
 from xds_api import resource_types as rt
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
@@ -232,7 +232,7 @@ async def test_proxy_status_over_mtls_and_refused_where_debug_answers_are_not_se
             "127.0.0.1:0", "127.0.0.1:0",
             tls=TlsFiles(str(tmp_path / "server.pem"), str(tmp_path / "server-key.pem"),
                          str(certs / "root-cert.pem")),
-            layer_options=(DebugAccess(access, client_ca=True),)), layers=protocol_layers())
+            debug_access=DebugAccess(access, client_ca=True)), layers=protocol_layers())
         await app.start()
         return app
 

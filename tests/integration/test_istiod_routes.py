@@ -36,9 +36,9 @@ from kubernetes import client, config
 from bridge.sources.kube import KubeSource
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.istiod import Istiod, IstiodError
-from tests.integration.kubeapi import KubeAPIServer
+from testkit import kubeapi
+from testkit.istiod import Istiod, IstiodError
+from testkit.kubeapi import KubeAPIServer
 from tests.integration.shadow_support import ShadowRun, fields_of
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient

@@ -18,11 +18,11 @@ from kubernetes import client, config
 from bridge.sources.kube import KubeSource
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.linkerd_support import channel_to
-from tests.integration.policy_client import watch_addr, watch_port
-from tests.polling import HANG, eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.linkerd import channel_to
+from testkit.linkerd_policy import watch_addr, watch_port
+from testkit.polling import eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

@@ -1,4 +1,4 @@
-"""The kube source against a real kube-apiserver + etcd (tests/integration/kubeapi.py)."""
+"""The kube source against a real kube-apiserver + etcd (testkit/kubeapi.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -15,28 +15,21 @@ import pytest
 from kubernetes import client, config
 
 from bridge.model import FilterKey, ServiceKey, ViewKey
-from bridge.sources.kube import KubeSource
-from bridge.views import View, ViewChange
+from bridge.sources.kube import BACKOFF_CAP, KubeSource
+from bridge.views import View
 from harness.clients import LinkerdClient, XdsClient
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import HANG, eventually
+from meshbridge.app import App
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually
+from testkit.recorders import ViewRecorder
+from testkit.serving import Apps
 from xds_api.service import XdsOptions
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 LINKERD_METADATA = XdsOptions(endpoint_metadata="linkerd")
 WAIT = HANG  # a write reaching the clients through a real API server: waited for, never timed
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.changes: list[ViewChange] = []
-
-    def on_view_change(self, view: View, change: ViewChange) -> None:
-        self.changes.append(change)
 
 
 @pytest.fixture
@@ -120,27 +113,18 @@ def objs(api: client.ApiClient) -> Iterator[Objects]:
 
 
 @pytest.fixture
-async def start_app(kube_apiserver: KubeAPIServer) -> AsyncIterator[Callable[..., Any]]:
-    apps: list[App] = []
-
+def start_app(kube_apiserver: KubeAPIServer, apps: Apps) -> Callable[..., Any]:
     async def start(**source_options: Any) -> App:
         source = KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path), **source_options)
         # Clients are compared field for field, identity and hints included: over xDS
         # those travel in the linkerd endpoint metadata profile.
-        app = App(source, options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
-                                               layer_options=(LINKERD_METADATA,)),
-                  layers=protocol_layers())
-        apps.append(app)
-        await app.start()
-        return app
+        return await apps.start(source, layer_options=(LINKERD_METADATA,))
 
-    yield start
-    for app in apps:
-        await app.stop(0.2)
+    return start
 
 
-def watch(app: App, ns: str, service: str = "web") -> tuple[View, Recorder]:
-    rec = Recorder()
+def watch(app: App, ns: str, service: str = "web") -> tuple[View, ViewRecorder]:
+    rec = ViewRecorder()
     view = app.views.subscribe(ViewKey(ServiceKey(ns, service), 80, FilterKey()), rec, "test")
     return view, rec
 
@@ -426,4 +410,8 @@ async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_tru
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    assert not source.stale
+    # Each kind's watcher reconnects after its own back-off (which grew during the
+    # outage, up to BACKOFF_CAP): the source is current again once every one has.
+    await eventually(lambda: not source.stale, timeout=BACKOFF_CAP + 30,
+                     why=lambda: "still disconnected: " + ", ".join(
+                         w.spec.kind for w in source.watchers if w.synced and not w.connected))

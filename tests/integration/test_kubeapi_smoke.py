@@ -13,9 +13,9 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import HANG, eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

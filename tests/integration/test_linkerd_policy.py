@@ -12,8 +12,8 @@ import yaml
 from linkerd_api.policy.outbound import address_of
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
-from tests.integration.linkerd_support import Stream, addrs, channel_to, edit, kind
-from tests.integration.policy_client import (
+from testkit.linkerd import Stream, addrs, channel_to, edit, kind
+from testkit.linkerd_policy import (
     CLIENT,
     addr,
     backends_of,
@@ -22,6 +22,7 @@ from tests.integration.policy_client import (
     watch_addr,
     watch_port,
 )
+from testkit.polling import eventually
 
 AppFactory = Any
 CATALOG_IP = "10.96.20.10"
@@ -130,6 +131,34 @@ async def test_the_demo_profile_splits_web_and_an_edit_is_pushed_on_the_open_str
         assert missing.backend.backend.WhichOneof("kind") is None
         assert metadata_kinds_all_set(pushed) == []
         stream.cancel()
+
+
+async def test_a_route_edit_encodes_again_only_the_policies_of_its_own_port(
+    make_app: AppFactory, demo_dir: Path
+) -> None:
+    """Routes §4: an edit of web's HTTPRoute re-encodes web:80's policy once (its
+    watchers share it) and leaves catalog's, watched beside it, alone."""
+    app = await make_app(demo_dir)
+    service = app.service("policy")
+    async with channel_to(app) as ch:
+        web = [watch_addr(ch, "10.96.10.10", 80) for _ in range(3)]
+        catalog = watch_addr(ch, CATALOG_IP, 80)
+        for stream in [*web, catalog]:
+            await stream.next()
+        before = service.encodings
+
+        def reweigh(doc: dict[str, Any]) -> dict[str, Any]:
+            if doc.get("kind") == "HTTPRoute" and doc["metadata"]["name"] == "web-canary":
+                doc["spec"]["rules"][0]["backendRefs"][1]["weight"] = 20
+            return doc
+
+        assert edit(demo_dir, reweigh) == 1
+        await eventually(lambda: service.encodings > before,
+                         why="web's policy was not encoded again after its route's edit")
+        # The edit is applied in one call: everything it re-encodes is counted now.
+        assert service.encodings == before + 1
+        for stream in [*web, catalog]:
+            stream.cancel()
 
 
 async def test_an_address_outside_the_cluster_gets_the_egress_fallback(

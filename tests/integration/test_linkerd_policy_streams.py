@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from meshbridge.app import App
-from tests.integration.linkerd_support import channel_to
-from tests.integration.policy_client import CLIENT, watch_addr, watch_port
-from tests.polling import HANG, eventually
+from testkit.linkerd import channel_to
+from testkit.linkerd_policy import CLIENT, watch_addr, watch_port
+from testkit.polling import eventually
 
 AppFactory = Any
 

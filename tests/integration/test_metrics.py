@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App
-from tests.polling import HANG, eventually
+from testkit.linkerd import drop_an_endpoint
+from testkit.polling import eventually
 
 TARGET = "catalog.shop.svc.cluster.local:80"
 
@@ -70,15 +70,7 @@ async def test_metrics_series_move_as_clients_follow_a_change(
             assert value(before, "grpc_server_started_total", **get_rpc) == 1
             assert value(before, "grpc_server_msg_sent_total", **get_rpc) == 1
 
-            path = demo_dir / "20-shop.yaml"
-            docs = list(yaml.safe_load_all(path.read_text()))
-            for doc in docs:
-                if doc and doc.get("kind") == "EndpointSlice" and \
-                        doc["metadata"]["labels"].get("kubernetes.io/service-name") == "catalog":
-                    doc["endpoints"] = doc["endpoints"][1:]
-                    break
-            written = time.monotonic()
-            path.write_text(yaml.safe_dump_all(docs))
+            drop_an_endpoint(demo_dir, "shop", "catalog")
             await eventually(lambda: len(get.state[TARGET].state()) == 5
                              and len(ads.state[TARGET].state()) == 5,
                              why="both clients did not follow the removed endpoint")

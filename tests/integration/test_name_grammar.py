@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_serve import free_port, ready
-from tests.polling import HANG, eventually_sync
+from testkit.net import free_port, ready
+from testkit.processes import running, stop
 
 SPELLINGS = ["web.emojivoto:80", "web.emojivoto", "web.emojivoto.svc:80",
              "web.emojivoto.svc.cluster.local:80",
@@ -26,20 +25,13 @@ CANONICAL = "web.emojivoto.svc.cluster.local:80"
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     grpc_port, admin_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "meshbridge", "serve", "--listen", f"127.0.0.1:{grpc_port}",
-         "--admin", f"127.0.0.1:{admin_port}", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        eventually_sync(lambda: ready(admin_port, proc), 2 * HANG, "/ready never answered 200")
+    with running([sys.executable, "-m", "meshbridge", "serve",
+                  "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}",
+                  "--log-level", "warning"], lambda: ready(admin_port),
+                 "/ready never answered 200", stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL) as proc:
         yield f"127.0.0.1:{grpc_port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(HANG)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,14 +11,14 @@ from typing import Any
 
 import grpc
 import pytest
-import yaml
 
 from bridge.authority import parse_authority
 from harness.clients import LinkerdClient, XdsClient
 from harness.normalize import NormalEndpoint, State
 from meshbridge.app import App
+from testkit.linkerd import drop_an_endpoint
+from testkit.polling import eventually
 from tests.conftest import AppFactory
-from tests.polling import HANG, eventually
 from xds_api.service import XdsOptions
 
 
@@ -96,14 +96,7 @@ async def test_linkerd_and_xds_clients_hold_the_same_truth_through_churn(
             assert sizes["db-1.db.data.svc.cluster.local:5432"] == 1
             assert sizes["payments.shop.svc.cluster.local:8080"] == 0
             # Churn: scale catalog down by one endpoint, and mesh-out a web pod's proxy.
-            path = demo_dir / "20-shop.yaml"
-            docs = list(yaml.safe_load_all(path.read_text()))
-            for doc in docs:
-                if doc and doc.get("kind") == "EndpointSlice" and \
-                        doc["metadata"]["labels"].get("kubernetes.io/service-name") == "catalog":
-                    doc["endpoints"] = doc["endpoints"][1:]
-                    break
-            path.write_text(yaml.safe_dump_all(docs))
+            drop_an_endpoint(demo_dir, "shop", "catalog")
             before = view_truth(app, "catalog.shop.svc.cluster.local:80")
             await eventually(lambda: view_truth(app, "catalog.shop.svc.cluster.local:80")
                              != before, HANG, "the source did not see the edit")

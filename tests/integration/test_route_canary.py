@@ -35,21 +35,20 @@ from bridge.sources.catalog import DEMO_DIR
 from linkerd_api.proto import outbound_pb2 as ob
 from linkerd_api.service import LinkerdOptions
 from meshbridge.app import App
+from testkit import linkerd_policy as policy_client
+from testkit.linkerd import Stream
+from testkit.net import free_port
+from testkit.polling import eventually, eventually_seen
 from tests.conftest import AppFactory
-from tests.integration import policy_client
-from tests.integration.linkerd_support import Stream
 from tests.integration.test_proxy_docs import (
     block,
     envoy,
     envoy_bootstrap,
     exports,
-    free_port,
     start_http_backends,
 )
 from tests.integration.test_xds_proxyless import PROBE, Probe, start_backends
-from tests.integration.xds_helpers import Manifests, eventually, service_with_addresses
-from tests.polling import HANG
-from tests.polling import eventually as eventually_true
+from tests.integration.xds_helpers import Manifests, service_with_addresses
 
 N = 2000
 CANARY_SHARE = 0.1
@@ -126,7 +125,7 @@ async def test_a_real_envoy_splits_the_demo_canary_90_10(tmp_path: Path,
                 except OSError:
                     return False
                 return set(got) == {WEB_IP, CANARY_IP}
-            await eventually_true(both, HANG, "requests through Envoy reach web and the canary")
+            await eventually(both, 30, "requests through Envoy reach web and the canary")
             seen = await asyncio.to_thread(count, N)
         assert set(seen) == {WEB_IP, CANARY_IP}, seen
         assert within_bound(seen[CANARY_IP]), seen
@@ -150,7 +149,7 @@ async def test_a_proxyless_grpc_client_splits_the_demo_canary_90_10(
         async def both() -> tuple[bool, Any]:
             got = await probe.call(50)
             return set(got["backends"]) == {WEB_IP, CANARY_IP} and not got["errors"], got
-        await eventually(both, HANG, "RPCs reaching web and the canary", interval=0)
+        await eventually_seen(both, 30.0, "RPCs reaching web and the canary", period=0)
         got = await probe.call(N)
         assert not got["errors"], got
         assert within_bound(got["backends"].get(CANARY_IP, 0)), got

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 
 from meshbridge.app import App
+from testkit.net import free_port
+from testkit.polling import eventually
 from tests.conftest import AppFactory
-from tests.integration.test_proxy_docs import block, envoy, envoy_bootstrap, exports, free_port
+from tests.integration.test_proxy_docs import block, envoy, envoy_bootstrap, exports
 from tests.integration.test_route_canary import NS
 from tests.integration.xds_helpers import Manifests, service_with_addresses
-from tests.polling import HANG, eventually
 
 WEB_IP, V2_IP = "127.0.0.2", "127.0.0.3"
 

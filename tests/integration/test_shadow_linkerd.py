@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import shutil
-import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -24,8 +22,8 @@ from bridge.model import MeshConfig, ServiceKey
 from linkerd_api.endpoint_streams import Semantics
 from linkerd_api.proto import destination_pb2
 from linkerd_api.service import LinkerdOptions
-from meshbridge.app import App
 from meshbridge.layers import layer
+from testkit.net import free_port
 from tests.conftest import AppFactory
 from tests.integration.shadow_support import (
     BILLING,
@@ -39,7 +37,10 @@ from tests.integration.shadow_support import (
     REPORTS,
     WEB,
     ShadowRun,
+    addr,
+    copy,
     fields_of,
+    grpc_peer,
     non_equal,
     plant_external_name,
     plant_extra_endpoint,
@@ -97,16 +98,9 @@ async def destination(scripts: Mapping[str, Sequence[Step]]) -> AsyncIterator[st
             yield step.SerializeToString()
         await asyncio.Event().wait()
 
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "io.linkerd.proxy.destination.Destination",
-        {"Get": grpc.unary_stream_rpc_method_handler(get)}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0.2)
+    async with grpc_peer("io.linkerd.proxy.destination.Destination",
+                         {"Get": grpc.unary_stream_rpc_method_handler(get)}) as address:
+        yield address
 
 
 async def test_the_two_semantics_are_told_apart_from_endpoint_differences(
@@ -189,15 +183,6 @@ async def test_a_not_found_target_is_resubscribed_until_it_exists(tmp_path: Path
 
 def linkerd_layer() -> Any:
     return layer("linkerd_api.service")
-
-
-def addr(app: App) -> str:
-    return f"127.0.0.1:{app.grpc_port}"
-
-
-def copy(folder: Path, to: Path) -> Path:
-    shutil.copytree(folder, to)
-    return to
 
 
 @pytest.mark.parametrize("semantics", ["proto", "linkerd-2.20"])
@@ -348,9 +333,7 @@ async def test_bad_peers_are_reported_per_target_while_the_rest_compares(
     await run.finish()
 
     # A server that speaks only xDS, and one that is not there at all.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    closed = f"127.0.0.1:{free_port()}"
     for peer, code in ((addr(xds_only), "UNIMPLEMENTED"), (closed, "UNAVAILABLE")):
         run = ShadowRun("--api", "linkerd", "--ours", addr(ours), "--theirs", peer,
                         "--targets", str(targets))

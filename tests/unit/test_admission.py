@@ -12,7 +12,7 @@ from admission.problems import from_reason
 from admission.review import BadReview, answer, decide, parse
 from admission.validators import Validators
 from bridge.cluster import Cluster
-from tests.unit.builders import load, service
+from testkit.builders import load, service
 
 NS = "shop"
 

@@ -22,7 +22,7 @@ from bridge.routes.profiles import request_condition
 from bridge.routes.regex import re2_full_match
 from bridge.routes.status import route_status
 from linkerd_api.policy import outbound
-from tests.unit.builders import delete, load
+from testkit.builders import delete, load
 from tests.unit.test_routes import WEB, envoy, http_route, linkerd, svc, table, to
 from xds_api.route_config import ClientKind
 

@@ -15,8 +15,8 @@ from bridge.sources.base import SourceSpecError
 from bridge.sources.catalog import DEMO_DIR, make_source
 from bridge.sources.files import FilesSource
 from bridge.sources.sim import ScenarioError, SimCluster, SimSource, parse_scenario
-from tests.polling import HANG, eventually
-from tests.unit.builders import endpoint, endpoint_slice, pod, service
+from testkit.builders import endpoint, endpoint_slice, pod, service
+from testkit.polling import eventually
 
 
 def write(path: Path, *docs: object) -> None:

@@ -15,7 +15,7 @@ from google.protobuf import json_format
 
 from meshbridge.debug_access import DebugAccess, peer_address
 from meshbridge.stream_registry import StreamInfo, StreamRegistry
-from tests.unit.xds_support import CDS, EDS, DeltaClient, SotwClient, World, name
+from testkit.xds_model import CDS, EDS, DeltaClient, SotwClient, World, name
 from xds_api.debug_types import CONFIG_DUMP, SYNCZ, SYNCZ_METADATA, DebugTypes
 from xds_api.stream import DeltaStream, Forbidden, SotwStream, XdsStream
 

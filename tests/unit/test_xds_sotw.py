@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.builders import endpoint, endpoint_slice, load, pod
-from tests.unit.xds_support import (
+from testkit.builders import endpoint, endpoint_slice, load, pod
+from testkit.xds_model import (
     CDS,
     EDS,
     LDS,

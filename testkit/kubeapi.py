@@ -12,8 +12,8 @@ Service, no namespace is finalized away).
 Usage from a test module (an assignment, not an import of the name, so that
 ruff does not report each test argument as shadowing an import)::
 
-    from tests.integration import kubeapi
-    from tests.integration.kubeapi import KubeAPIServer
+    from testkit import kubeapi
+    from testkit.kubeapi import KubeAPIServer
 
     kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -45,7 +45,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -65,9 +64,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from tests.polling import eventually_sync
+from testkit.net import free_ports
+from testkit.polling import eventually_sync
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 ENVTEST_SCRIPT: Final = REPO_ROOT / "scripts" / "envtest.sh"
 
 ADMIN_USER: Final = "meshbridge-test-admin"
@@ -80,20 +80,6 @@ _LOG_TAIL_LINES: Final = 60
 
 class KubeAPIServerError(RuntimeError):
     """etcd or kube-apiserver could not be built, started or reached."""
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 now; all sockets are held until all are chosen."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -476,7 +462,7 @@ class KubeAPIServer:
         self._pki = _make_pki(wd)
         self.ca_path = self._pki.ca_path
 
-        etcd_client, etcd_peer, self._port = _free_ports(3)
+        etcd_client, etcd_peer, self._port = free_ports(3)
         self.etcd_url = f"http://127.0.0.1:{etcd_client}"
         self.url = f"https://127.0.0.1:{self._port}"
         peer_url = f"http://127.0.0.1:{etcd_peer}"

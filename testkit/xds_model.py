@@ -16,7 +16,7 @@ from google.protobuf import any_pb2
 from bridge.cluster import Cluster
 from bridge.model import MeshConfig
 from bridge.views import ViewRegistry
-from tests.unit.builders import delete, endpoint, endpoint_slice, load, pod, service
+from testkit.builders import delete, endpoint, endpoint_slice, load, pod, service
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD

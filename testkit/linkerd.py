@@ -1,6 +1,7 @@
-"""Helpers for the destination API tests: a client that reads a stream as a proxy does
-(every read has a deadline; nothing waits on a bare sleep), and manifest edits that
-the files source picks up on its next poll."""
+"""The model Linkerd client: a destination API stream read as a proxy reads it (every
+read has a deadline; nothing waits on a bare sleep), what an Update says, and manifest
+edits that the files source picks up on its next poll. `linkerd_policy` reads the
+policy API's streams with the same `ServerStream`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import grpc
 import yaml
+from google.protobuf.message import Message
 
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import address_text
@@ -24,16 +26,12 @@ SERVICE = "/io.linkerd.proxy.destination.Destination"
 DEADLINE = HANG  # every read waits for its message, never times it
 
 
-class Stream:
-    """One Get or GetProfile stream."""
+class ServerStream:
+    """One server-streaming call, read with a deadline per message."""
 
-    def __init__(self, channel: grpc.aio.Channel, method: str, path: str, token: str = "",
-                 raw: bytes | None = None) -> None:
-        response = dst.Update if method == "Get" else dst.DestinationProfile
-        request = raw if raw is not None else dst.GetDestination(
-            scheme="k8s", path=path, context_token=token).SerializeToString()
-        self.call = channel.unary_stream(f"{SERVICE}/{method}",
-                                         request_serializer=None,
+    def __init__(self, channel: grpc.aio.Channel, path: str, request: bytes,
+                 response: type[Message]) -> None:
+        self.call = channel.unary_stream(path, request_serializer=None,
                                          response_deserializer=response.FromString)(request)
 
     async def next(self, timeout: float = DEADLINE) -> Any:
@@ -60,6 +58,17 @@ class Stream:
 
     def cancel(self) -> None:
         self.call.cancel()
+
+
+class Stream(ServerStream):
+    """One Get or GetProfile stream."""
+
+    def __init__(self, channel: grpc.aio.Channel, method: str, path: str, token: str = "",
+                 raw: bytes | None = None) -> None:
+        response = dst.Update if method == "Get" else dst.DestinationProfile
+        request = raw if raw is not None else dst.GetDestination(
+            scheme="k8s", path=path, context_token=token).SerializeToString()
+        super().__init__(channel, f"{SERVICE}/{method}", request, response)
 
 
 @asynccontextmanager
@@ -126,6 +135,22 @@ def edit(folder: Path, change: Callable[[dict[str, Any]], dict[str, Any] | None]
         if dirty:
             write_docs(path, out)
     return changed
+
+
+def drop_an_endpoint(folder: Path, ns: str, service: str) -> None:
+    """A scale-down: the first endpoint of the service's first EndpointSlice goes."""
+    done: list[bool] = []
+
+    def change(doc: dict[str, Any]) -> dict[str, Any]:
+        md = doc.get("metadata") or {}
+        if not done and doc.get("kind") == "EndpointSlice" and md.get("namespace") == ns \
+                and (md.get("labels") or {}).get("kubernetes.io/service-name") == service:
+            doc["endpoints"] = doc["endpoints"][1:]
+            done.append(True)
+        return doc
+
+    edit(folder, change)
+    assert done, f"no EndpointSlice of {ns}/{service}"
 
 
 def named(kind_: str, ns: str, name: str) -> Callable[[dict[str, Any]], bool]:

@@ -1,6 +1,6 @@
 """HTTP/2 attackers, each run as its own process so its CPU is not the test's.
 
-    python -m tests.attacks.attackers NAME --host 127.0.0.1 --port P --seconds S
+    python -m testkit.attacks.attackers NAME --host 127.0.0.1 --port P --seconds S
                                       [--connections N] [--target AUTHORITY]
 
 Plain blocking sockets with timeouts, frames built here (RFC 9113), header blocks
@@ -955,7 +955,7 @@ def summary(name: str, stats: Stats) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.attacks.attackers")
+    p = argparse.ArgumentParser(prog="python -m testkit.attacks.attackers")
     p.add_argument("name", choices=sorted(ATTACKS))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)

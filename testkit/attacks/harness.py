@@ -8,7 +8,7 @@
     run_attack    baseline, then the attacker subprocess while endpoints change every
                   ~0.5 s and /ready is polled, then recovery (RSS, gauges): a Report
 
-Waiting is always polling with a deadline (tests/polling.py).
+Waiting is always polling with a deadline (testkit/polling.py).
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -35,7 +32,9 @@ import yaml
 
 from bridge.sources.catalog import DEMO_DIR
 from harness.clients import LinkerdClient, Received, XdsClient
-from tests.polling import eventually, eventually_sync
+from testkit import net
+from testkit.net import free_port
+from testkit.polling import eventually, eventually_sync
 
 REPO = Path(__file__).resolve().parents[2]
 # Where `meshbridge serve` runs from (its cwd, so `-m meshbridge.cli` imports that tree):
@@ -43,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 SERVER_ROOT = Path(os.environ.get("MESHBRIDGE_ATTACK_SERVER_ROOT", str(REPO)))
 
 # The native server's defences, as flags of `meshbridge serve`. ONE place: the
-# attack budgets in test_attacks.py are derived from these values. Flags that
+# attack budgets in budgets.py are derived from these values. Flags that
 # `meshbridge serve --help` does not list (yet) are left out (see server_flags()).
 SERVER_FLAGS: dict[str, str] = {
     "--h2-handshake-timeout": "2",
@@ -79,12 +78,6 @@ RSS_SLACK = 20 * 1024 * 1024
 RECOVERY_DEADLINE = 5.0  # RSS and gauges, after the attack
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @cache
 def serve_help() -> str:
     proc = subprocess.run([sys.executable, "-m", "meshbridge.cli", "serve", "--help"],
@@ -107,12 +100,10 @@ def missing_flags() -> list[str]:
     return [f for f in SERVER_FLAGS if f not in text]
 
 
-def http_get(url: str, timeout: float) -> tuple[int, str]:
+def get_if_up(url: str, timeout: float) -> tuple[int, str]:
+    """(status, body); (0, "") when nothing answers (the server may be down)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return int(r.status), r.read().decode()
-    except urllib.error.HTTPError as e:
-        return int(e.code), e.read().decode(errors="replace")
+        return net.http_get(url, timeout)
     except (OSError, ValueError):
         return 0, ""
 
@@ -209,10 +200,10 @@ class Server:
             return ""
 
     def ready(self, timeout: float = READY_TIMEOUT) -> int:
-        return http_get(f"http://127.0.0.1:{self.admin_port}/ready", timeout)[0]
+        return get_if_up(f"http://127.0.0.1:{self.admin_port}/ready", timeout)[0]
 
     def metrics(self) -> str:
-        return http_get(f"http://127.0.0.1:{self.admin_port}/metrics", 5.0)[1]
+        return get_if_up(f"http://127.0.0.1:{self.admin_port}/metrics", 5.0)[1]
 
     def gauges(self, names: tuple[str, ...] = GAUGES) -> dict[str, float | None]:
         """Each gauge's value (summed over its label sets); None if absent."""
@@ -492,7 +483,7 @@ async def run_attack(server: Server, name: str, seconds: float,
         if check_gauges:
             report.gauges_baseline = await asyncio.to_thread(server.gauges)
 
-        cmd = [sys.executable, "-m", "tests.attacks.attackers", name, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "testkit.attacks.attackers", name, "--host", "127.0.0.1",
                "--port", str(server.port), "--seconds", str(seconds), *args]
         done = asyncio.Event()
         t0 = time.monotonic()

@@ -1,13 +1,19 @@
-"""The App's admin surface, independent of any protocol layer."""
+"""The App as a process runs it: its admin surface independent of any protocol layer, and
+a stopped App with both layers freed (a process running Apps in turn must not keep
+them all)."""
 
 from __future__ import annotations
 
 import asyncio
-import urllib.error
-import urllib.request
+import gc
+import weakref
+from pathlib import Path
 
 from bridge.cluster import Cluster
+from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions
+from meshbridge.layers import protocol_layers
+from testkit.net import http_get
 
 
 class NeverSyncingSource:
@@ -21,11 +27,7 @@ class NeverSyncingSource:
 
 
 def status(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
+    return http_get(f"http://127.0.0.1:{port}{path}", timeout=2)[0]
 
 
 async def test_ready_waits_for_the_initial_sync_while_live_answers_at_once() -> None:
@@ -41,3 +43,14 @@ async def test_ready_waits_for_the_initial_sync_while_live_answers_at_once() -> 
         assert await asyncio.to_thread(status, app.admin_port, "/ready") == 503
     finally:
         await app.stop(0.1)
+
+
+async def test_a_stopped_app_with_both_protocol_layers_is_freed(demo_dir: Path) -> None:
+    app = App(FilesSource(demo_dir, poll_interval=0.05),
+              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"), layers=protocol_layers())
+    await app.start()
+    await app.stop(grace=0.1)
+    ref = weakref.ref(app)
+    del app
+    gc.collect()
+    assert ref() is None

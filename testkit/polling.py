@@ -1,14 +1,11 @@
 """The one way tests wait: poll a condition with a deadline, never a bare sleep.
 
 `eventually` is for a test on an event loop (its check may be a coroutine function, e.g.
-one that asks a child process); `eventually_sync` is for a plain test that waits on
-something outside it (a real process, an API server). Both fail with an AssertionError
-that says why, and return how long the wait took.
-
-A deadline here is a guard against a hang, never a time budget: the suite runs on a
-2-core machine with both cores busy, where an event that takes milliseconds when idle
-can take seconds. `HANG` is the deadline every wait uses unless it has a reason for a
-longer one; how fast something happens is measured in bench/, not asserted here.
+one that asks a child process); `eventually_seen` is `eventually` for a probe that also
+says what it saw, so that a missed deadline names the last observation;
+`eventually_sync` is for a plain test that waits on something outside it (a real
+process, an API server). All fail with an AssertionError that says why, and return
+how long the wait took.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 Why = Callable[[], str] | str
 
@@ -43,7 +41,20 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float
         await asyncio.sleep(period)  # the polling period, under the deadline above
 
 
-def eventually_sync(check: Callable[[], bool], timeout: float = HANG,
+async def eventually_seen(probe: Callable[[], Awaitable[tuple[bool, Any]]], timeout: float,
+                          what: str, period: float = 0.02) -> float:
+    """Wait until `probe()` returns (True, observed); a missed deadline says `what` and
+    the last observation."""
+    seen: list[Any] = [None]
+
+    async def check() -> bool:
+        ok, seen[0] = await probe()
+        return bool(ok)
+
+    return await eventually(check, timeout, lambda: f"{what}; last seen: {seen[0]!r}", period)
+
+
+def eventually_sync(check: Callable[[], bool], timeout: float = 10.0,
                     why: Why = "condition not met", period: float = 0.05) -> float:
     """`eventually` for code with no event loop: blocks the calling thread."""
     start = time.monotonic()

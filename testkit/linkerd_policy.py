@@ -1,12 +1,10 @@
-"""A policy API client of our own that asks what a linkerd2-proxy asks (Watch by the
-original destination, WatchPort for each inbound port), and the checks the proxy
+"""The model Linkerd policy client: it asks what a linkerd2-proxy asks (Watch by the
+original destination, WatchPort for each inbound port) and makes the checks the proxy
 makes of an answer: every field it needs is present, every Metadata has a kind."""
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-from typing import Any
 
 import grpc
 from google.protobuf.message import Message
@@ -14,11 +12,10 @@ from google.protobuf.message import Message
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import net_pb2 as net
 from linkerd_api.proto import outbound_pb2 as ob
-from tests.polling import HANG
+from testkit.linkerd import ServerStream
 
 OUTBOUND = "/io.linkerd.proxy.outbound.OutboundPolicies"
 INBOUND = "/io.linkerd.proxy.inbound.InboundServerPolicies"
-DEADLINE = HANG  # every read waits for its message, never times it
 CLIENT = '{"ns":"emojivoto","pod":"web-5d8f7b9c6-4xk2p"}'
 
 
@@ -26,26 +23,8 @@ def addr(ip: str, port: int) -> net.TcpAddress:
     return net.TcpAddress(ip=net.IPAddress(ipv4=int(ipaddress.IPv4Address(ip))), port=port)
 
 
-class PolicyStream:
-    def __init__(self, channel: grpc.aio.Channel, path: str, request: bytes,
-                 response: type[Message]) -> None:
-        self.call = channel.unary_stream(path, request_serializer=None,
-                                         response_deserializer=response.FromString)(request)
-
-    async def next(self, timeout: float = DEADLINE) -> Any:
-        message = await asyncio.wait_for(self.call.read(), timeout)
-        assert message is not grpc.aio.EOF, f"stream ended: {await self.call.code()}"
-        return message
-
-    async def error(self, timeout: float = DEADLINE) -> tuple[grpc.StatusCode, str]:
-        try:
-            message = await asyncio.wait_for(self.call.read(), timeout)
-        except grpc.aio.AioRpcError as e:
-            return e.code(), e.details() or ""
-        raise AssertionError(f"expected an error status, got {message}")
-
-    def cancel(self) -> None:
-        self.call.cancel()
+class PolicyStream(ServerStream):
+    """One Watch or WatchPort stream."""
 
 
 def watch(channel: grpc.aio.Channel, spec: ob.TrafficSpec) -> PolicyStream:

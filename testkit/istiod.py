@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import tempfile
 import urllib.error
@@ -36,10 +35,11 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2
 from google.protobuf import json_format
 from kubernetes import client, config
 
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually_sync
+from testkit.kubeapi import KubeAPIServer
+from testkit.net import free_ports
+from testkit.polling import eventually_sync
 
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
 ISTIOD_SCRIPT: Final = REPO_ROOT / "scripts" / "istiod.sh"
 NAMESPACE: Final = "istio-system"
 CLUSTER_ID: Final = "Kubernetes"
@@ -73,19 +73,6 @@ def istiod_dir(timeout: float = 3600.0) -> Path:
         raise IstiodError(f"{ISTIOD_SCRIPT} printed {found}, which lacks pilot-discovery or "
                           "crd-all.gen.yaml")
     return found
-
-
-def _free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def apply_crds(kube: KubeAPIServer, path: Path) -> list[str]:
@@ -157,7 +144,7 @@ class Istiod:
         self.workdir = Path(tempfile.mkdtemp(prefix="meshbridge-istiod-"))
         mesh = self.workdir / "mesh.yaml"
         mesh.write_text(MESH_CONFIG)
-        self.grpc_port, self.http_port, self.monitoring_port = _free_ports(3)
+        self.grpc_port, self.http_port, self.monitoring_port = free_ports(3)
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(self.workdir),
