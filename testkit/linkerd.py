@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import address_text
 from meshbridge.app import App
-from tests.polling import HANG
+from testkit.polling import HANG
 
 SERVICE = "/io.linkerd.proxy.destination.Destination"
 DEADLINE = HANG  # every read waits for its message, never times it

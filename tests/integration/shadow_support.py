@@ -22,7 +22,7 @@ from harness.clients import ADS_SOTW, EDS_TYPE
 from harness.shadow.cli import add_arguments, run_shadow
 from meshbridge.app import App
 from testkit.linkerd import read_docs, write_docs
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 DOMAIN = "svc.cluster.local"
 WEB = f"web.emojivoto.{DOMAIN}:80"

@@ -13,7 +13,7 @@ from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import View, ViewChange
 from meshbridge.app import App
 from meshbridge.debug_access import DebugAccess
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 
 class Sink:

@@ -14,9 +14,9 @@ from typing import Any
 
 from admission.webhook import WebhookOptions
 from linkerd_api.identity import IdentityOptions
+from testkit.polling import HANG
 from tests.conftest import AppFactory
 from tests.integration.test_admission_webhook import _pki
-from tests.polling import HANG
 
 REVIEW: dict[str, Any] = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "u-7", "kind": {"group": "linkerd.io", "version": "v1alpha2",

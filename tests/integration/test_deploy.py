@@ -20,6 +20,7 @@ from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources.kube import KINDS, POLICY_KINDS, KubeSource, watched_kinds
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
+from testkit.polling import HANG
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -150,7 +151,7 @@ async def test_the_kube_source_runs_as_that_service_account_without_denials(
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(source.run(Cluster(), synced))
         try:
-            await asyncio.wait_for(synced.wait(), 30)
+            await asyncio.wait_for(synced.wait(), HANG)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -185,7 +186,7 @@ async def test_a_denied_kind_is_reported_and_the_others_keep_working(
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(source.run(cluster, synced))
         try:
-            await asyncio.wait_for(synced.wait(), 30)
+            await asyncio.wait_for(synced.wait(), HANG)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -16,7 +16,7 @@ import yaml
 
 from testkit.builders import service
 from testkit.net import free_port, http_get, ready
-from testkit.polling import eventually_sync
+from testkit.polling import HANG, eventually_sync
 from testkit.processes import running, stop
 
 
@@ -65,7 +65,7 @@ def test_the_files_source_logs_each_file_and_a_lost_folder_turns_ready_503(
         assert ("is missing" if how == "removed" else "holds no manifests") in body
         root.mkdir(exist_ok=True)
         a.write_text(yaml.safe_dump(service("a")))
-        eventually_sync(lambda: ready(admin_port, proc), HANG, "/ready did not come back")
+        eventually_sync(lambda: ready(admin_port), HANG, "/ready did not come back")
         assert logged(log, "manifest folder has manifests again")
         stop(proc)
     assert proc.returncode == 0

@@ -23,7 +23,7 @@ from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.host import GrpcServer, Host, Layer
 from meshbridge.limits import Limits
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 METHOD = "/meshbridge.test.Hold/Stream"
 
@@ -221,14 +221,14 @@ async def test_the_get_and_xds_clients_speak_mtls_with_matching_flags(
             ok = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "meshbridge.cli", *argv, *tls_flags,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(ok.communicate(), 30)
+            out, err = await asyncio.wait_for(ok.communicate(), HANG)
             assert ok.returncode == 0, (name, err.decode())
             assert b"10.244." in out, name  # an endpoint address of the demo's web pods
             # The same command without a client certificate is refused by the server.
             refused = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "meshbridge.cli", *argv, *tls_flags[:4], "--timeout", "5",
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            await asyncio.wait_for(refused.communicate(), 30)
+            await asyncio.wait_for(refused.communicate(), HANG)
             assert refused.returncode != 0, name
     finally:
         await app.stop(0.1)

@@ -22,7 +22,7 @@ import pytest
 from h2grpc.call import INBOX_SLACK
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 SERVICE = "meshbridge.test.Echo"
 STREAM_WINDOW = H2Limits().stream_window

@@ -28,7 +28,7 @@ from meshbridge.layers import protocol_layers
 from testkit import kubeapi
 from testkit.envoy import Envoy, envoy_binary
 from testkit.kubeapi import KubeAPIServer
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
 from tests.integration.test_grpc_port import _cert, _key_pem, _pem
 from tests.integration.test_xds_proxyless import Probe, start_backends, start_probe

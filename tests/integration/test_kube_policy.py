@@ -22,7 +22,7 @@ from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
 from testkit.linkerd import channel_to
 from testkit.linkerd_policy import watch_addr, watch_port
-from testkit.polling import eventually_sync
+from testkit.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

@@ -23,7 +23,7 @@ from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
 from testkit.linkerd import channel_to
 from testkit.linkerd_policy import watch
-from testkit.polling import eventually_sync
+from testkit.polling import HANG, eventually_sync
 from tests.integration import test_kube_policy
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient

@@ -21,7 +21,7 @@ from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 from testkit.recorders import ViewRecorder
 from testkit.serving import Apps
 from xds_api.service import XdsOptions

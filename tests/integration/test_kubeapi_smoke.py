@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
-from testkit.polling import eventually_sync
+from testkit.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 

@@ -20,8 +20,8 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from linkerd_api.identity import IdentityOptions
 from linkerd_api.proto import identity_pb2
 from meshbridge.app import App
+from testkit.polling import HANG
 from tests.conftest import AppFactory
-from tests.polling import HANG
 
 CERTIFY = "/io.linkerd.proxy.identity.Identity/Certify"
 WEB = "web.emojivoto.serviceaccount.identity.linkerd.cluster.local"

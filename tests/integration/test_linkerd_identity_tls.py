@@ -25,9 +25,9 @@ from linkerd_api.identity import IdentityOptions, IdentityService
 from linkerd_api.proto import identity_pb2
 from meshbridge.app import App, TlsFiles
 from testkit.linkerd import Stream
+from testkit.polling import HANG
 from testkit.serving import Apps
 from tests.integration.test_linkerd_identity import CERTIFY, TOKENS, WEB, csr_for
-from tests.polling import HANG
 
 DESTINATION = "linkerd-destination.linkerd.serviceaccount.identity.linkerd.cluster.local"
 IDENTITY = "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local"

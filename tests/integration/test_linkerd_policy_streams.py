@@ -13,7 +13,7 @@ from typing import Any
 from meshbridge.app import App
 from testkit.linkerd import channel_to
 from testkit.linkerd_policy import CLIENT, watch_addr, watch_port
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 AppFactory = Any
 

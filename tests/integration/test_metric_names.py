@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshbridge import exposition
-from tests.polling import HANG
+from testkit.polling import HANG
 
 # Counters as the upstream sources name them (read from linkerd/linkerd2
 # controller/api/destination and istio/istio pilot/pkg/xds, pilot/pkg/model).

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App
 from testkit.linkerd import drop_an_endpoint
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 TARGET = "catalog.shop.svc.cluster.local:80"
 
@@ -70,6 +70,7 @@ async def test_metrics_series_move_as_clients_follow_a_change(
             assert value(before, "grpc_server_started_total", **get_rpc) == 1
             assert value(before, "grpc_server_msg_sent_total", **get_rpc) == 1
 
+            written = time.monotonic()
             drop_an_endpoint(demo_dir, "shop", "catalog")
             await eventually(lambda: len(get.state[TARGET].state()) == 5
                              and len(ads.state[TARGET].state()) == 5,

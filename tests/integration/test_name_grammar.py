@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from testkit.net import free_port, ready
+from testkit.polling import HANG
 from testkit.processes import running, stop
 
 SPELLINGS = ["web.emojivoto:80", "web.emojivoto", "web.emojivoto.svc:80",

@@ -17,7 +17,7 @@ from harness.clients import LinkerdClient, XdsClient
 from harness.normalize import NormalEndpoint, State
 from meshbridge.app import App
 from testkit.linkerd import drop_an_endpoint
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
 from xds_api.service import XdsOptions
 

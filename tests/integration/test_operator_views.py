@@ -17,7 +17,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from linkerd_api.proto import destination_pb2 as dst
 from meshbridge.app import App
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
 from tests.integration.test_admin_browser import dump_dom
 from xds_api import resource_types as rt

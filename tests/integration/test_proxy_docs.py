@@ -35,7 +35,7 @@ from testkit import polling
 from testkit.envoy import envoy_binary
 from testkit.linkerd import Stream
 from testkit.net import free_port, http_text, ready
-from testkit.polling import eventually_seen, eventually_sync
+from testkit.polling import HANG, eventually_seen, eventually_sync
 from testkit.processes import running
 from tests.conftest import AppFactory
 from tests.integration.test_linkerd_identity_tls import (
@@ -295,7 +295,7 @@ async def test_grpc_with_the_pages_bootstrap_and_target_reaches_the_services_bac
                 got = await probe.call(20)
                 return set(got["backends"]) == {"127.0.0.2", "127.0.0.3"} \
                     and not got["errors"], got
-            await eventually_seen(both, 30.0, "RPCs reaching both backends", period=0)
+            await eventually_seen(both, HANG, "RPCs reaching both backends", period=0)
             node_id = f"{values['POD_NAME']}.{values['POD_NAMESPACE']}"
             [stream] = [s for s in app.streams.all() if s.client == node_id]
             assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from meshbridge.app import App
+from testkit.polling import HANG
 from tests.conftest import AppFactory
-from tests.polling import HANG
 
 # web's ServiceProfile routes it (Routes §7): its catch-all, after its two routes.
 SPLIT = "web.emojivoto.svc.cluster.local:80 9000, web-canary.emojivoto.svc.cluster.local:80 1000"

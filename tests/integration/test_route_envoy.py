@@ -21,7 +21,7 @@ import pytest
 
 from meshbridge.app import App
 from testkit.net import free_port
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
 from tests.integration.test_proxy_docs import block, envoy, envoy_bootstrap, exports
 from tests.integration.test_route_canary import NS

@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 
 from meshbridge.app import App
-from testkit.polling import eventually_seen
+from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.grpc_xds_probe import APP_TIMEOUT_S
 from tests.integration.test_route_canary import NS, WEB
@@ -150,7 +150,7 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
         async def routed() -> tuple[bool, Any]:
             got = await probe.call(5)
             return got["backends"] == {WEB_IP: 5}, got
-        await eventually_seen(routed, 30.0, "calls reaching web", period=0)
+        await eventually_seen(routed, HANG, "calls reaching web", period=0)
         # The header-matched rule reaches web-v2; without the header, web.
         assert await probe.call(20, "Who", "x-version=v2") == {
             "backends": {V2_IP: 20}, "errors": {}}
@@ -176,7 +176,7 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
         async def failing() -> tuple[bool, Any]:
             got = await probe.call(1)
             return got["errors"] == {"DEADLINE_EXCEEDED": 1}, got
-        await eventually_seen(failing, 30.0, "the 300 ms timeout reaching grpc", period=0)
+        await eventually_seen(failing, HANG, "the 300 ms timeout reaching grpc", period=0)
         reached = servers.who
         assert await probe.call(5) == {"backends": {}, "errors": {"DEADLINE_EXCEEDED": 5}}
         assert servers.who == reached

@@ -7,12 +7,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from meshbridge import cli
 from testkit.net import free_port, http_get, ready
+from testkit.polling import HANG
 from testkit.processes import running, stop
 
 

@@ -20,7 +20,7 @@ from envoy.service.endpoint.v3 import eds_pb2_grpc
 from bridge.cluster import Event, EventType
 from bridge.objects import decode_object
 from meshbridge.app import App
-from testkit.polling import eventually_seen
+from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import DEMO, Manifests, service_with_addresses
 from xds_api import resource_types as rt
@@ -134,7 +134,7 @@ async def test_bad_requests_get_a_clear_status_and_leave_other_streams_alone(
         assert unknown.type_url == "type.googleapis.com/no.such.Type"
         assert not unknown.resources
         many.cancel()
-        await eventually_seen(_views_at_most(app, 1), 5.0, "views of the closed stream released")
+        await eventually_seen(_views_at_most(app, 1), HANG, "views of the closed stream released")
 
         # The healthy stream saw none of that and still follows changes.
         Manifests(demo_dir).remove_endpoint("20-shop.yaml", "shop", "catalog-5m7kp",
@@ -177,7 +177,7 @@ async def test_eds_alone_serves_stream_delta_and_fetch(demo_dir: Path,
             await wrong.write(request(CDS))
             await read(wrong)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    await eventually_seen(_views_at_most(app, 0), 5.0, "EDS views released")
+    await eventually_seen(_views_at_most(app, 0), HANG, "EDS views released")
 
 
 async def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path,
@@ -216,7 +216,7 @@ async def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path,
             cut = app.metrics.get_sample_value("pilot_xds_write_timeout_total")
             clients = sorted(s.client for s in app.streams.all())
             return cut == 1 and clients == ["reader"], (cut, clients)
-        await eventually_seen(cut_off, 30.0, "the sleeping client cut off", period=0.1)
+        await eventually_seen(cut_off, HANG, "the sleeping client cut off", period=0.1)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             while True:
                 await read(sleeper)
@@ -278,7 +278,7 @@ async def test_debug_pages_show_xds_streams_and_the_cla(demo_dir: Path,
             ok = bool(mine) and mine[0]["types"]["eds"]["last_ack"]["version"] == \
                 resp.version_info
             return ok, mine
-        await eventually_seen(acked, 5.0, "the stream and its ACK on /debug/streams")
+        await eventually_seen(acked, HANG, "the stream and its ACK on /debug/streams")
         page = await asyncio.to_thread(get, f"/debug/endpoints?authority={WEB}&format=json")
         xds = page["protocols"]["xds"]
         assert set(xds["endpoints"]) == {"10.244.1.10:8080", "10.244.2.10:8080"}

@@ -9,7 +9,7 @@ import pytest
 
 from meshbridge.app import App
 from testkit.envoy import Envoy, envoy_binary, follows
-from testkit.polling import eventually_seen
+from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import (
     DEMO,
@@ -17,7 +17,6 @@ from tests.integration.xds_helpers import (
     Manifests,
     service_with_addresses,
 )
-from tests.polling import HANG
 from xds_api.service import XdsOptions
 
 pytestmark = pytest.mark.envoy
@@ -128,6 +127,6 @@ async def test_envoy_sees_draining_endpoints_only_when_asked(demo_dir: Path, tmp
             return health == {("10.244.1.10", 8080): "HEALTHY",
                               ("10.244.2.10", 8080): "HEALTHY",
                               ("10.244.3.10", 8080): "DRAINING"}, health
-        await eventually_seen(probe, 20.0, "the terminating web pod as DRAINING")
+        await eventually_seen(probe, HANG, "the terminating web pod as DRAINING")
         await assert_no_nack(envoy, app)
     assert app.service("xds").cache.draining

@@ -11,7 +11,7 @@ import pytest
 
 from meshbridge.app import App
 from testkit.envoy import Envoy, binary, eds_cluster, follows
-from testkit.polling import eventually_seen
+from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import DEMO, Manifests
 from xds_api import resource_types as rt

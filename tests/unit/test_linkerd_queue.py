@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from linkerd_api.queue import UpdateQueue
-from tests.polling import HANG
+from testkit.polling import HANG
 
 
 def msg(i: int) -> tuple[str, bytes]:

@@ -18,7 +18,7 @@ from bridge.routes.table import RouteTable, RouteType
 from linkerd_api.policy import outbound
 from linkerd_api.policy.outbound import ServiceTarget
 from linkerd_api.proto import outbound_pb2 as ob
-from testkit.builders import delete, load, service
+from testkit.builders import delete, endpoint, endpoint_slice, load, service
 from xds_api.route_config import ClientKind, build_route_config
 
 WEB = ServiceKey("app", "web")

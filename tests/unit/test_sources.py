@@ -16,7 +16,7 @@ from bridge.sources.catalog import DEMO_DIR, make_source
 from bridge.sources.files import FilesSource
 from bridge.sources.sim import ScenarioError, SimCluster, SimSource, parse_scenario
 from testkit.builders import endpoint, endpoint_slice, pod, service
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 
 def write(path: Path, *docs: object) -> None:
