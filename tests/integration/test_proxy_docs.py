@@ -129,6 +129,18 @@ def envoy_bootstrap(values: dict[str, str], api_type: str = "GRPC") -> str:
 
 
 @contextlib.contextmanager
+def outbound_envoy(grpc_port: int, workdir: Path) -> Iterator[int]:
+    """The page's Envoy (its run block's settings) fed by meshbridge on `grpc_port`;
+    yields the port of its outbound listener, where an app sends its requests."""
+    values = exports(block("envoy.md", "envoy-run"))
+    outbound = free_port()
+    values.update(MESHBRIDGE_PORT=str(grpc_port), OUTBOUND_PORT=str(outbound),
+                  ENVOY_ADMIN_PORT="0")
+    with envoy(envoy_bootstrap(values), workdir):
+        yield outbound
+
+
+@contextlib.contextmanager
 def envoy(bootstrap: str, workdir: Path) -> Iterator[int]:
     """A real Envoy on `bootstrap` (its admin port 0: --admin-address-path says which
     one it took); yields the admin port."""
@@ -241,11 +253,7 @@ async def test_an_app_sending_to_the_pages_outbound_listener_reaches_the_service
         Manifests(manifests).write("web.yaml", service_with_addresses(
             ns, name, 80, backend_port, [(ip, "zone-a") for ip in ips], port_name="http"))
         app: App = await make_app(manifests)
-        values = exports(block("envoy.md", "envoy-run"))
-        outbound = free_port()
-        values.update(MESHBRIDGE_PORT=str(app.grpc_port), OUTBOUND_PORT=str(outbound),
-                      ENVOY_ADMIN_PORT="0")
-        with envoy(envoy_bootstrap(values), tmp_path):
+        with outbound_envoy(app.grpc_port, tmp_path) as outbound:
             seen: dict[str, int] = {}
 
             async def both() -> bool:

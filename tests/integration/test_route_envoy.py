@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 
 from meshbridge.app import App
-from testkit.net import free_port
 from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
-from tests.integration.test_proxy_docs import block, envoy, envoy_bootstrap, exports
+from tests.integration.test_proxy_docs import outbound_envoy
 from tests.integration.test_route_canary import NS
 from tests.integration.xds_helpers import Manifests, service_with_addresses
 
@@ -141,11 +140,7 @@ async def test_a_real_envoy_does_what_each_rule_says(tmp_path: Path,
             NS, "web-v2", 80, backends.port, [(V2_IP, "zone-a")], port_name="http"))
         edits.write("route.yaml", [ROUTE])
         app: App = await make_app(manifests)
-        values = exports(block("envoy.md", "envoy-run"))
-        outbound = free_port()
-        values.update(MESHBRIDGE_PORT=str(app.grpc_port), OUTBOUND_PORT=str(outbound),
-                      ENVOY_ADMIN_PORT="0")
-        with envoy(envoy_bootstrap(values), tmp_path):
+        with outbound_envoy(app.grpc_port, tmp_path) as outbound:
             async def routed() -> bool:
                 try:
                     status, _, body = await asyncio.to_thread(get, outbound, "/app")

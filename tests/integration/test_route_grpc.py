@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.grpc_xds_probe import APP_TIMEOUT_S
 from tests.integration.test_route_canary import NS, WEB
-from tests.integration.test_xds_proxyless import PROBE, Probe
+from tests.integration.test_xds_proxyless import Probe, start_probe
 from tests.integration.xds_helpers import Manifests, service_with_addresses
 
 WEB_IP, V2_IP = "127.0.0.2", "127.0.0.3"
@@ -114,19 +112,9 @@ class Servers:
         self.servers = []
 
 
-async def start_probe(xds_port: int) -> asyncio.subprocess.Process:
-    bootstrap = {
-        "xds_servers": [{"server_uri": f"127.0.0.1:{xds_port}",
-                         "channel_creds": [{"type": "insecure"}],
-                         "server_features": ["xds_v3"]}],
-        "node": {"id": "grpc-route-probe", "metadata": {"NAMESPACE": NS}},
-    }
-    env = {**os.environ, "GRPC_XDS_BOOTSTRAP_CONFIG": json.dumps(bootstrap),
-           "GRPC_VERBOSITY": "ERROR"}
-    env.pop("GRPC_XDS_BOOTSTRAP", None)
-    return await asyncio.create_subprocess_exec(
-        sys.executable, str(PROBE), f"xds:///{WEB}",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
+async def start_route_probe(xds_port: int) -> asyncio.subprocess.Process:
+    return await start_probe(xds_port, "grpc-route-probe", WEB, zone=None,
+                             metadata={"NAMESPACE": NS})
 
 
 async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
@@ -144,7 +132,7 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
                 port_name="grpc"))
         edits.write("route.yaml", [echo_route("4s")])
         app: App = await make_app(manifests)
-        proc = await start_probe(app.grpc_port)
+        proc = await start_route_probe(app.grpc_port)
         probe = Probe(proc)
 
         async def routed() -> tuple[bool, Any]:

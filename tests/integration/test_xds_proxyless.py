@@ -82,12 +82,20 @@ async def backends() -> AsyncIterator[int]:
 
 
 async def start_probe(xds_port: int, node_id: str = "proxyless-probe",
-                      authority: str = "") -> asyncio.subprocess.Process:
+                      authority: str = "", zone: str | None = "zone-a",
+                      metadata: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    """The probe process (PROBE) on `xds:///authority`, its bootstrap naming the node
+    (`id`, its locality's `zone` unless None, `metadata`) and meshbridge on `xds_port`."""
+    node: dict[str, Any] = {"id": node_id}
+    if zone is not None:
+        node["locality"] = {"zone": zone}
+    if metadata:
+        node["metadata"] = metadata
     bootstrap = {
         "xds_servers": [{"server_uri": f"127.0.0.1:{xds_port}",
                          "channel_creds": [{"type": "insecure"}],
                          "server_features": ["xds_v3"]}],
-        "node": {"id": node_id, "locality": {"zone": "zone-a"}},
+        "node": node,
     }
     env = {**os.environ, "GRPC_XDS_BOOTSTRAP_CONFIG": json.dumps(bootstrap),
            "GRPC_VERBOSITY": "ERROR"}
