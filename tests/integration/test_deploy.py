@@ -143,7 +143,7 @@ def test_the_deployment_passes_server_side_validation(applied: client.ApiClient)
 
 
 async def synced_once(source: KubeSource, cluster: Cluster) -> list[MutableMapping[str, Any]]:
-    """Run `source` into `cluster` until it has synced (a hang guard bounds the wait); what it logged."""
+    """Run `source` into `cluster` until it has synced; what it logged."""
     synced = asyncio.Event()
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(source.run(cluster, synced))
