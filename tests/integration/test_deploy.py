@@ -191,3 +191,24 @@ async def test_a_denied_kind_is_reported_and_the_others_keep_working(
     assert denied == {"ReplicaSet", "Job", "Server", "ServiceProfile", *POLICY_KINDS}
     assert cluster.services  # the kinds it may read were listed
     assert not source.stale
+
+
+def test_the_linked_clusters_role_grants_exactly_what_their_watches_read() -> None:
+    """deploy/multicluster/remote/: what meshbridge watches in a linked cluster
+    (bridge/multicluster/remote.py), read-only; and the mirror writes Services only."""
+    from bridge.multicluster.remote import REMOTE_KINDS
+
+    remote = [d for d in yaml.safe_load_all(
+        (DEPLOY / "multicluster" / "remote" / "remote-access.yaml").read_text()) if d]
+    (role,) = [d for d in remote if d["kind"] == "ClusterRole"]
+    granted = {(group, resource, verb) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    assert granted == {(*group_and_resource(KINDS[k].path), verb) for k in REMOTE_KINDS
+                       for verb in ("get", "list", "watch")}
+    mirror = [d for d in yaml.safe_load_all(
+        (DEPLOY / "multicluster" / "20-mirror.yaml").read_text()) if d]
+    (role,) = [d for d in mirror if d["kind"] == "ClusterRole"]
+    writes = {(r, v) for rule in role["rules"] for r in rule["resources"]
+              for v in rule["verbs"] if v not in ("get", "list", "watch")}
+    assert writes == {("services", "create"), ("services", "patch"), ("services", "delete")}
