@@ -10,7 +10,10 @@ ReplicaSets, Services and EndpointSlices, Nodes), through the API. Then, per run
 `meshbridge serve --source kube` starts as a fresh process (its imports count) and
 is measured from outside, as an operator would see it:
 
-    start-up      from the process's start to its admin port's /ready answering 200
+    start-up      from the process's start to its admin port's /ready answering 200,
+                  and the CPU time the process used until then (user + system, every
+                  thread): on a loaded machine the wall time is mostly waiting for a
+                  core, the CPU time is the work
     RSS ready     its resident memory at that moment (/proc/PID/status VmRSS), and
                   its peak so far (VmHWM)
     first answers one Linkerd `Get` stream per service, opened at once from a client
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -133,13 +137,15 @@ async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
         startup = time.monotonic() - started
         cpu_ready = proc_cpu_s(proc.pid)
         rss_ready = proc_kib(proc.pid, "VmRSS") / 1024
+        load = os.getloadavg()[0]
         peak_ready = proc_kib(proc.pid, "VmHWM") / 1024
         child = await Child.start("bench.big_cluster", "--server", f"127.0.0.1:{grpc_port}",
                                   "--pods", str(shape.pods),
                                   "--per-service", str(shape.pods_per_service))
         answered = await child.line(timeout=600)
         rss_streams = proc_kib(proc.pid, "VmRSS") / 1024
-        return {"startup_s": startup, "cpu_ready_s": cpu_ready, "rss_ready_mib": rss_ready,
+        return {"startup_s": startup, "cpu_ready_s": cpu_ready, "load": load,
+                "rss_ready_mib": rss_ready,
                 "peak_ready_mib": peak_ready, "rss_streams_mib": rss_streams,
                 "first_answers_s": answered["seconds"], "streams": answered["answered"],
                 "log": str(log)}
@@ -173,7 +179,8 @@ async def measure(python: Path, pods: int, per_service: int, nodes: int,
         results = []
         for i in range(runs):
             r = await one_run(python, api.kubeconfig_path, shape, workdir, i)
-            print(f"  run {i + 1}: ready in {r['startup_s']:.2f} s, RSS "
+            print(f"  run {i + 1}: ready in {r['startup_s']:.2f} s ({r['cpu_ready_s']:.2f} s "
+                  f"of CPU, load {r['load']:.1f}), RSS "
                   f"{r['rss_ready_mib']:.0f} MiB (peak {r['peak_ready_mib']:.0f}), "
                   f"{r['streams']} Get streams answered in {r['first_answers_s']:.2f} s, "
                   f"RSS {r['rss_streams_mib']:.0f} MiB", file=sys.stderr)
@@ -190,6 +197,7 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         name = f"{pods:,} meshed pods, {size['services']:,} services"
         out.append(row(name, "start-up to /ready", [r["startup_s"] for r in runs], "s",
                        TARGET_STARTUP_S if at10k else None))
+        out.append(row(name, "CPU until /ready", [r["cpu_ready_s"] for r in runs], "s"))
         out.append(row(name, "RSS once ready", [r["rss_ready_mib"] for r in runs], "MiB",
                        TARGET_RSS_MIB if at10k else None))
         out.append(row(name, "peak RSS until ready", [r["peak_ready_mib"] for r in runs],
@@ -198,6 +206,20 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                        [r["rss_streams_mib"] for r in runs], "MiB"))
         out.append(row(name, "first answers on those streams",
                        [r["first_answers_s"] for r in runs], "s"))
+    out.extend(per_pod_rows(result["sizes"]))
+    return out
+
+
+def per_pod_rows(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a pod (with its share of services, slices and ReplicaSets) adds to the RSS
+    once ready, between each two sizes measured: the fixed cost falls out."""
+    out = []
+    for small, big in itertools.pairwise(sizes):
+        extra = big["pods"] - small["pods"]
+        per_run = [(b["rss_ready_mib"] - a["rss_ready_mib"]) * 1024 / extra
+                   for a, b in zip(small["runs"], big["runs"], strict=False)]
+        out.append(row(f"{small['pods']:,} -> {big['pods']:,} meshed pods",
+                       "RSS once ready per added pod", per_run, "KiB"))
     return out
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from bench.common import client_arguments, cpu_seconds, finish, parser, row
+from bench.common import Profile, client_arguments, cpu_seconds, finish, parser, row
 from meshbridge import eventloop, gctune
 from meshbridge.eventloop import EVENT_LOOPS, default_loop
 from testkit.polling import eventually
@@ -297,12 +297,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         (n1, rss1, heap1), (n2, rss2, heap2) = readings
         svc = sim.services[0]
         latencies, firsts, cpu_ms = [], [], []
-        profiler = None
-        if args.profile:
-            from pyinstrument import Profiler
-
-            profiler = Profiler(interval=0.0005, async_mode="disabled")
-            profiler.start()
+        profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
             await eventually(idle, 120, "server idle before a run")
             # Alternate up and down so the View keeps its size.
@@ -315,10 +310,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             assert got["run"] == run, got
             latencies.append((got["last"] - t0) * 1000)
             firsts.append((got["first"] - t0) * 1000)
-        if profiler is not None:
-            profiler.stop()
-            with open(args.profile, "w", encoding="utf-8") as f:
-                f.write(profiler.output_text(unicode=True, show_all=False))
+        profile.save()
     finally:
         if child is not None:
             await child.close()

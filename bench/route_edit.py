@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import client_arguments, cpu_seconds, finish, parser, row
+from bench.common import Profile, client_arguments, cpu_seconds, finish, parser, row
 from bridge.cluster import Event, EventType
 from bridge.objects import KubeObject, decode_object
 from meshbridge import gctune
@@ -209,12 +209,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         await eventually(lambda: len(xds.runners) >= args.streams
                          and len(policy.streams) >= args.streams and idle(), 120,
                          "streams open and idle")
-        profiler = None
-        if args.profile:
-            from pyinstrument import Profiler
-
-            profiler = Profiler(interval=0.0005, async_mode="disabled")
-            profiler.start()
+        profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
             await eventually(idle, 120, "server idle before a run")
             edit = decoded([route(20 if run % 2 else 10)])
@@ -241,10 +236,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 figures[k]["client_cpu_ms"].append(sum(g["cpu_ms"] for g in mine))
             figures["rds"]["encodings"].append(rds_encodings() - rds0)
             figures["policy"]["encodings"].append(policy.encodings - pol0)
-        if profiler is not None:
-            profiler.stop()
-            with open(args.profile, "w", encoding="utf-8") as f:
-                f.write(profiler.output_text(unicode=True, show_all=False))
+        profile.save()
     finally:
         for c in children:
             await c.close()

@@ -13,6 +13,8 @@ many objects carry (a workload's labels, containers, owners) are kept once.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import sys
 from collections.abc import Mapping
@@ -60,6 +62,9 @@ class Service:
     cluster_ips: tuple[str, ...] = ()
     external_name: str = ""
     internal_traffic_local: bool = False
+    # spec.selector; None when the Service has none or an empty one (its endpoints are
+    # managed by hand).
+    selector: Labels | None = None
     kind: str = "Service"
 
     def port(self, number: int) -> ServicePort | None:
@@ -211,14 +216,29 @@ class Namespace:
     kind: str = "Namespace"
 
 
+# The one Secret type meshbridge reads: a linked cluster's credentials, as
+# `linkerd multicluster link` writes them (docs/multicluster.md).
+REMOTE_KUBECONFIG_SECRET_TYPE = "mirror.linkerd.io/remote-kubeconfig"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A Secret of type `mirror.linkerd.io/remote-kubeconfig`; Secrets of any other type
+    are not decoded (nothing else is read, so nothing else is kept)."""
+
+    meta: Meta
+    data: Mapping[str, bytes]
+    kind: str = "Secret"
+
+
 KubeObject = (
     Service | EndpointSlice | Pod | Node | ReplicaSet | Job | Server | ServiceProfile
-    | Namespace | PolicyObject
+    | Namespace | Secret | PolicyObject
 )
 
 # Kinds we recognise but have no use for (logged at debug only).
 IGNORED_KINDS = frozenset(
-    {"Deployment", "StatefulSet", "DaemonSet", "CronJob", "ConfigMap", "Secret",
+    {"Deployment", "StatefulSet", "DaemonSet", "CronJob", "ConfigMap",
      "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 )
 
@@ -268,6 +288,9 @@ def _decode_service(raw: Mapping[str, Any]) -> Service:
         cluster_ips=cluster_ips,
         external_name=as_str(spec.get("externalName"), "Service", n, "spec.externalName"),
         internal_traffic_local=spec.get("internalTrafficPolicy") == "Local",
+        # An empty selector is none (as the API's protobuf, which has no empty map).
+        selector=(as_str_map(spec["selector"], "Service", n, "spec.selector")
+                  if spec.get("selector") else None),
     )
 
 
@@ -499,6 +522,23 @@ def _decode_profile(raw: Mapping[str, Any]) -> ServiceProfile:
     return ServiceProfile(meta, spec)
 
 
+def _decode_secret(raw: Mapping[str, Any]) -> Secret | None:
+    meta = decode_meta(raw, "Secret", True)
+    n = f"{meta.namespace}/{meta.name}"
+    if raw.get("type") != REMOTE_KUBECONFIG_SECRET_TYPE:
+        return None
+    data: dict[str, bytes] = {}
+    for key, value in as_str_map(raw.get("data"), "Secret", n, "data").items():
+        try:
+            data[key] = base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise ObjectError("Secret", n, f"data.{key} is not base64") from None
+    # stringData: what a manifest may carry instead (the API server folds it into data).
+    for key, text in as_str_map(raw.get("stringData"), "Secret", n, "stringData").items():
+        data[key] = text.encode()
+    return Secret(meta, data)
+
+
 def _cluster_scoped(meta: Meta) -> Meta:
     return Meta(name=meta.name, namespace="")
 
@@ -521,6 +561,7 @@ CORE_KINDS: tuple[Kind, ...] = (
     Kind("ServiceProfile", _decode_profile, lambda meta: ServiceProfile(meta, {})),
     Kind("Namespace", lambda raw: Namespace(decode_meta(raw, "Namespace", False)),
          lambda meta: Namespace(_cluster_scoped(meta))),
+    Kind("Secret", _decode_secret, lambda meta: Secret(meta, {})),
 )
 
 # Every kind any source may send: the core's and Linkerd's policy kinds.

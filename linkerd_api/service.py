@@ -29,6 +29,8 @@ from google.protobuf.message import DecodeError
 
 from bridge.authority import AuthorityError, view_authority
 from bridge.model import FilterKey, ServiceKey, ViewKey
+from bridge.multicluster.views import MissingRemoteService
+from bridge.multicluster.views import UnknownCluster as UnknownClusterError
 from bridge.views import InvalidService, View
 from linkerd_api.authority import (
     ContextToken,
@@ -42,6 +44,8 @@ from linkerd_api.errors import (
     BadRequest,
     DestinationError,
     NoSuchWorkload,
+    NotRemoteDiscoverable,
+    UnknownCluster,
     UnknownService,
 )
 from linkerd_api.profile_streams import (
@@ -70,6 +74,8 @@ STATUS_OF: dict[type[DestinationError], grpc.StatusCode] = {
     UnknownService: grpc.StatusCode.NOT_FOUND,
     NoSuchWorkload: grpc.StatusCode.NOT_FOUND,
     AmbiguousAddress: grpc.StatusCode.FAILED_PRECONDITION,
+    NotRemoteDiscoverable: grpc.StatusCode.FAILED_PRECONDITION,
+    UnknownCluster: grpc.StatusCode.NOT_FOUND,
 }
 
 # A real linkerd2-proxy retries a refused Get with backoff for as long as its balancer
@@ -125,7 +131,11 @@ def options_from_args(args: argparse.Namespace) -> LinkerdOptions:
 
 def register(host: Host, server: GrpcServer) -> None:
     """Mount the destination service on the host's gRPC server."""
-    service = DestinationService(host, host.options_for(LinkerdOptions))
+    options = host.options_for(LinkerdOptions)
+    if options.semantics == "linkerd-2.20" and host.views.store is not None:
+        # Linkerd 2.20 leaves an unlinked cluster's endpoints on open streams.
+        host.views.store.keep_on_unlink = True
+    service = DestinationService(host, options)
     server.add_generic_rpc_handlers((service.handler(),))
     host.on_stop(service.stop)
     host.add_renderer("linkerd", service.render_view)
@@ -143,7 +153,7 @@ class DestinationService:
         self.semantics: Semantics = options.semantics
         self.capacity = options.stream_queue_capacity
         self.translator = Translator(host.config)
-        self.encoder = UpdateEncoder(self.translator, self.semantics)
+        self.encoder = UpdateEncoder(self.translator, self.semantics, host.views)
         self.profiles = ProfileRegistry(host.cluster, host.config, self.translator,
                                         self.semantics)
         self.streams: set[UpdateQueue] = set()
@@ -201,9 +211,18 @@ class DestinationService:
             stream = EndpointStream(self.capacity, self.encoder, key, label, peer,
                                     self._endpoint_overflow)
             try:
+                # A remote-discovery target's refusals come first (Linkerd §2.4).
+                self.host.views.check(key)
                 view = self.host.views.subscribe(key, stream, "linkerd")
             except InvalidService as e:
                 raise BadRequest(f"Invalid authority: {path}: {e}") from None
+            except MissingRemoteService as e:
+                raise NotRemoteDiscoverable(str(e)) from None
+            except UnknownClusterError as e:
+                raise UnknownCluster(str(e)) from None
+            merged = self.host.views.merged_port(view)
+            # A federated Service that goes ends its streams (Linkerd §2.4).
+            stream.ends_with_service = merged is not None and merged.kind == "federated"
         except DestinationError as e:
             await self._refuse(context, "Get", peer, path, e)
             return
@@ -320,7 +339,9 @@ class DestinationService:
                 "hint": hint or "", "zone": ep.zone or "", "zone_locality": r.zone_locality,
             }
         # Encoded afresh and kept nowhere: a debug read changes nothing a stream sees.
-        labels = set_labels(view.cluster, view.key.service)
+        def labels(member_cluster: str) -> dict[str, str]:
+            return set_labels(*self.encoder.labels_source(view, member_cluster))
+
         messages = [to_dict(dst.Update.FromString(m))
                     for m in self.encoder.snapshot_messages(view, labels)]
         return endpoints, {"version": view.version, "semantics": self.semantics,

@@ -24,6 +24,9 @@ import structlog
 from bridge.authority import format_authority
 from bridge.cluster import Cluster
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
+from bridge.multicluster.links import Link
+from bridge.multicluster.store import DEFAULT_SYNC_TIMEOUT, ClusterStore
+from bridge.multicluster.views import MultiClusterViews
 from bridge.sources.base import Source
 from bridge.sources.kube import KubeSource
 from bridge.sources.kube_api import Credentials
@@ -70,6 +73,10 @@ class ServeOptions:
     layer_options: tuple[object, ...] = ()
     # Who may read the admin port's debug pages and the layers' debug types.
     debug_access: DebugAccess = field(default_factory=DebugAccess)
+    # Clusters linked by flag (`--link`), besides the Secrets the source carries, and
+    # how long a linked cluster may hold /ready at start (docs/multicluster.md).
+    links: tuple[Link, ...] = ()
+    link_sync_timeout: float = DEFAULT_SYNC_TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +121,6 @@ class App:
         layers: Sequence[Layer] = (),
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
-        from bridge.views import ViewRegistry
         from bridge.views.metrics import ViewMetrics
 
         self.config = config or MeshConfig()
@@ -122,7 +128,13 @@ class App:
         self.source = source
         self.cluster = Cluster(self.config.local_cluster())
         self.metrics = registry or prometheus_client.CollectorRegistry()
-        self.views = ViewRegistry(self.cluster, self.config, ViewMetrics(self.metrics))
+        # Linked clusters (their Secrets in the controller namespace, `--link`), and
+        # the Views of every cluster, which the layers subscribe through.
+        self.clusters = ClusterStore(self.cluster, self.config.controller_namespace,
+                                     self.metrics, flag_links=self.options.links,
+                                     sync_timeout=self.options.link_sync_timeout)
+        self.views = MultiClusterViews(self.cluster, self.config, ViewMetrics(self.metrics),
+                                       self.clusters)
         if registry is None:
             prometheus_client.ProcessCollector(registry=self.metrics)
             prometheus_client.PlatformCollector(registry=self.metrics)
@@ -159,6 +171,7 @@ class App:
         self._mount(server)
         # After the layers: they add their cluster listeners before the first event.
         self._source_task = asyncio.create_task(self._run_source(), name="source")
+        self.clusters.start()
         tls = self.options.tls
         layer_tls = self._layer_tls()
         if layer_tls is not None and isinstance(server, NativeServer):
@@ -230,6 +243,7 @@ class App:
         for hooks in self.layer_hooks:
             await hooks.stop_listeners(grace)
         self.layer_hooks.clear()
+        self.clusters.stop()
         if self._source_task is not None:
             self._source_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -333,6 +347,10 @@ class App:
             why = getattr(self.source, "stale_reason", None)  # optional on a Source
             return Response.text(503, f"not ready: source {self.source.name} is stale"
                                       + (f": {why}" if why else ""))
+        waiting = self.clusters.ready()
+        if waiting:
+            return Response.text(503, "not ready: linked cluster(s) not synced yet: "
+                                      + ", ".join(waiting))
         return Response.text(200, "ready")
 
 

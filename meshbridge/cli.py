@@ -90,11 +90,21 @@ SERVE_HELP = "serve the destination API and xDS from one source"
 
 
 def _add_serve(p: argparse.ArgumentParser) -> None:
+    from bridge.multicluster.store import DEFAULT_SYNC_TIMEOUT
+
     p.add_argument("--source", default="demo", help="demo | files:DIR | sim:FILE | kube")
     p.add_argument("--listen", default="0.0.0.0:8086", help="gRPC address for both APIs")
     p.add_argument("--admin", default="0.0.0.0:9996", help="admin HTTP address")
     p.add_argument("--kubeconfig", default=None, help="kube source: kubeconfig file")
     p.add_argument("--context", default=None, help="kube source: kubeconfig context")
+    p.add_argument("--link", action="append", default=[], metavar="NAME=KUBECONFIG[,...]",
+                   help="link a cluster by flag (repeatable): NAME=KUBECONFIG"
+                        "[,trust-domain=D][,cluster-domain=D]; KUBECONFIG may be files:DIR "
+                        "or sim:FILE for development. Linkerd's cluster-credentials Secrets "
+                        "in the controller namespace link clusters too (docs/multicluster.md)")
+    p.add_argument("--link-sync-timeout", type=float, default=DEFAULT_SYNC_TIMEOUT,
+                   help="seconds a cluster linked at start may hold /ready before it "
+                        "has synced")
     p.add_argument("--route-status", action=argparse.BooleanOptionalAction, default=True,
                    help="kube source: write each route's status.parents (Accepted, "
                         "ResolvedRefs) under meshbridge's controllerName, beside other "
@@ -157,6 +167,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from bridge.multicluster.links import LinkError, parse_link_flag
     from bridge.sources.base import SourceSpecError
     from bridge.sources.catalog import make_source
     from meshbridge.app import App, ServeOptions, TlsFiles
@@ -213,9 +224,18 @@ async def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("bad protocol-layer option", reason=str(e))
         return 2
+    try:
+        links = tuple(parse_link_flag(text) for text in args.link)
+    except LinkError as e:
+        log.error("bad --link", reason=str(e))
+        return 2
+    if args.link_sync_timeout < 0:
+        log.error("bad --link-sync-timeout", reason="must be 0 or more seconds")
+        return 2
     app = App(source, mesh_config(args),
               ServeOptions(args.listen, args.admin, limits, tls, args.grpc_transport,
-                           layer_options, debug_access), layers.protocol_layers())
+                           layer_options, debug_access, links, args.link_sync_timeout),
+              layers.protocol_layers())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -283,9 +303,12 @@ def h2_limits(args: argparse.Namespace) -> H2Limits:
 def _kube_options(args: argparse.Namespace) -> dict[str, object]:
     if not args.source.startswith("kube"):
         return {}
-    return {k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api",
-                                          "route_status")
-            if getattr(args, k, None) is not None}
+    options: dict[str, object] = {
+        k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api", "route_status")
+        if getattr(args, k, None) is not None}
+    # Linked clusters' Secrets are read where Linkerd's destination reads them.
+    options["link_namespace"] = args.controller_namespace
+    return options
 
 
 ENV_PREFIX = "MESHBRIDGE_"

@@ -7,6 +7,9 @@
     /debug/syncz           per client stream and type (xDS) or target (Linkerd): version
                            sent, version ACKed, SYNCED / STALE / NACKED (istiod's syncz;
                            `meshbridge status` prints it as a table)
+    /debug/clusters        every linked cluster: where it is linked from, its domains,
+                           its state (syncing, synced, stale, unreachable, ...) and why,
+                           what is watched there and what its cache holds
     /debug/endpoints?authority=<svc>.<ns>.svc.<domain>:<port>[&node=<node>]
                            that target as the core View holds it and as each protocol
                            layer encodes it, side by side (HTML, one row per endpoint
@@ -89,6 +92,8 @@ def install(app: App) -> None:
     app.admin.route("/debug/endpoints", guarded(lambda req: _endpoints(app, req)))
     app.admin.route("/debug/syncz", guarded(lambda req: _no_params(req) or _json(
         200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)])))
+    app.admin.route("/debug/clusters", guarded(lambda req: _no_params(req) or _json(
+        200, app.clusters.describe())))
 
 
 def _endpoints(app: App, req: Request) -> Response:
@@ -349,6 +354,7 @@ tr:nth-child(even){{background:#f3f3f3}}</style></head>
 {subscribed} subscriptions &middot;
 <a href="/debug/views">/debug/views</a> &middot; <a href="/debug/streams">/debug/streams</a>
 &middot; <a href="/debug/syncz">/debug/syncz</a>
+&middot; <a href="/debug/clusters">/debug/clusters</a>
 &middot; <a href="/metrics">/metrics</a> &middot; <a href="/ready">/ready</a></p>
 <h2>Service ports</h2>
 <table id="services"><tr><th>service</th><th>port</th><th>type</th><th>authority</th>

@@ -31,8 +31,9 @@ import prometheus_client
 
 from bridge.cluster import Cluster
 from bridge.model import MeshConfig, ServiceKey
+from bridge.multicluster.views import MultiClusterViews
 from bridge.routes.text import RouteRow
-from bridge.views import View, ViewRegistry
+from bridge.views import View
 from meshbridge.debug_access import DebugAccess
 from meshbridge.limits import Limits
 from meshbridge.stream_registry import (
@@ -121,7 +122,7 @@ class LayerHooks(Protocol):
 
 class Host(Protocol):
     cluster: Cluster
-    views: ViewRegistry
+    views: MultiClusterViews  # the local cluster's Views and every linked cluster's
     config: MeshConfig
     metrics: prometheus_client.CollectorRegistry
     streams: StreamRegistry

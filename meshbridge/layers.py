@@ -43,6 +43,8 @@ COMMANDS: dict[str, Command] = {
     "shadow": Command("harness.shadow.cli", "compare two control planes' answers continuously"),
     "status": Command("meshbridge.status", "print every client's sync state, or what one "
                       "proxy holds (istio.io/debug/syncz, config_dump)"),
+    "mirror": Command("meshbridge.mirror", "keep the mirror and federated Services of the "
+                                           "linked clusters (Linkerd's service mirror)"),
 }
 
 

@@ -20,11 +20,13 @@ Zones = dict[str, dict[tuple[str, int], str]]
 class Envoy(_envoy.Envoy):
     def __init__(self, binary: str, workdir: Path, xds_port: int, api_type: str = "GRPC",
                  node_id: str = "envoy-test", metadata: dict[str, str] | None = None,
-                 static_clusters: list[dict[str, Any]] | None = None) -> None:
+                 static_clusters: list[dict[str, Any]] | None = None,
+                 static_listeners: list[dict[str, Any]] | None = None) -> None:
         super().__init__(binary, workdir, xds_port, api_type, node_id,
                          cluster="meshbridge-tests",
                          locality={"region": "region-1", "zone": "zone-a"}, log_level="info",
-                         metadata=metadata, static_clusters=static_clusters)
+                         metadata=metadata, static_clusters=static_clusters,
+                         static_listeners=static_listeners)
 
 
 def binary() -> str:

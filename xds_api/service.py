@@ -63,6 +63,9 @@ ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
 DEFAULT_WRITE_TIMEOUT = 30.0
 CUT_OFF_GRACE = 1.0  # seconds a cut-off stream's status may take to leave
+MULTICLUSTER_MODES = ("none", "istio")
+# The stream protocols istiod-style merging applies to (SotW and delta, LEDS included).
+XDS_PROTOCOLS = ("xds-sotw", "xds-delta")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +90,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "endpoints over LEDS, one resource per endpoint (0: only "
                             "clients whose node metadata says meshbridge.io/leds: always) "
                             "(default: %(default)s)")
+    group.add_argument("--xds-multicluster", choices=MULTICLUSTER_MODES, default="none",
+                       help="istio: a service's ClusterLoadAssignment also holds the "
+                            "endpoints of the same namespace and name in every linked "
+                            "cluster (istiod's namespace sameness), cluster-local hosts "
+                            "excepted; none: only remote-discovery and federated services "
+                            "are served from linked clusters (default: %(default)s)")
+    group.add_argument("--xds-cluster-local", default="",
+                       help="comma-separated hosts (globs: *.ns.svc.cluster.local) never "
+                            "merged across clusters, besides istiod's defaults (kube-system "
+                            "and kubernetes.default)")
 
 
 def _non_negative_int(text: str) -> int:
@@ -114,6 +127,10 @@ class XdsOptions:
     istio_cluster_id: str = DEFAULT_ISTIO_CLUSTER_ID
     # Endpoints from which a delta client gets a service port over LEDS (0: on request).
     leds_threshold: int = DEFAULT_LEDS_THRESHOLD
+    # "istio": merge a service with its namesakes in every linked cluster.
+    multicluster: str = "none"
+    # Hosts never merged, besides istiod's defaults (globs).
+    cluster_local: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.endpoint_metadata not in METADATA_PROFILES:
@@ -124,6 +141,9 @@ class XdsOptions:
                 or self.leds_threshold < 0:
             raise ValueError(f"the LEDS threshold must be a whole number, 0 or more, not "
                              f"{self.leds_threshold!r}")
+        if self.multicluster not in MULTICLUSTER_MODES:
+            raise ValueError(f"xDS multicluster mode {self.multicluster!r}: choose one of "
+                             f"{', '.join(MULTICLUSTER_MODES)}")
         if not isinstance(self.draining, bool):
             raise ValueError(f"xDS draining must be true or false, not {self.draining!r}")
         if isinstance(self.write_timeout, bool) \
@@ -139,7 +159,10 @@ def options_from_args(args: argparse.Namespace) -> XdsOptions:
                       write_timeout=float(args.xds_write_timeout),
                       endpoint_metadata=str(args.xds_endpoint_metadata),
                       istio_cluster_id=str(args.xds_istio_cluster_id),
-                      leds_threshold=int(args.xds_leds_threshold))
+                      leds_threshold=int(args.xds_leds_threshold),
+                      multicluster=str(args.xds_multicluster),
+                      cluster_local=tuple(h.strip() for h in args.xds_cluster_local.split(",")
+                                          if h.strip()))
 
 
 def register(host: Host, server: GrpcServer) -> None:
@@ -174,10 +197,17 @@ class XdsService:
         self.options = options
         self.metrics = XdsMetrics(host.metrics)
         cluster = host.cluster
+        views = host.views
+        if options.multicluster == "istio":
+            views.enable_istio_merge(XDS_PROTOCOLS, options.cluster_local)
 
         def pod_labels(resolved: ResolvedEndpoint) -> Mapping[str, str]:
             ep = resolved.endpoint
-            pod = cluster.pods.get((ep.id.namespace, ep.pod_name)) if ep.pod_name else None
+            if not ep.pod_name:
+                return {}
+            # A linked cluster's endpoint is its own cluster's pod.
+            source = views.cluster_named(ep.id.cluster)
+            pod = source.pods.get((ep.id.namespace, ep.pod_name)) if source else None
             return pod.meta.labels if pod is not None else {}
 
         metadata = MetadataEncoder(options.endpoint_metadata, options.istio_cluster_id,

@@ -32,16 +32,23 @@ import functools
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import prometheus_client
 import structlog
 
 from bridge.cluster import Cluster, Event, EventType
-from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
+from bridge.objects import (
+    REMOTE_KUBECONFIG_SECRET_TYPE,
+    KubeObject,
+    ObjectError,
+    decode_object,
+    tombstone,
+)
 from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources import kube_wire
 from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
@@ -64,8 +71,14 @@ class KindSpec:
     kind: str
     path: str
     lag_metric: str  # Linkerd's `<kind>_informer_lag_seconds` name (Linkerd §4.9)
-    cache_metric: str  # Linkerd's `<kind>_cache_size` name
+    cache_metric: str  # Linkerd's `<kind>_cache_size` name; "" for a kind Linkerd has none of
     optional: bool = False  # a CRD that may not be installed
+    # Query parameters every list and watch carries (a label or field selector), for a
+    # watch narrowed to what is needed; `path` may then be a namespaced one.
+    params: tuple[tuple[str, str], ...] = ()
+    # For a kind only some deployments grant (linked clusters' Secrets): a denial is
+    # this one info line, not an error.
+    denied_hint: str = ""
 
 
 KINDS = {
@@ -101,12 +114,38 @@ POLICY_KINDS = ("HTTPRoute", "GatewayHTTPRoute", "GRPCRoute", "AuthorizationPoli
                 "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication")
 
 
-def watched_kinds(endpoints_api: str) -> list[KindSpec]:
-    """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this."""
+def watched_kinds(endpoints_api: str, link_namespace: str = "") -> list[KindSpec]:
+    """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this
+    (and its Role the linked clusters' Secrets in `link_namespace`, when given)."""
     endpoints = "Endpoints" if endpoints_api == "endpoints" else "EndpointSlice"
     order = ["Node", "ReplicaSet", "Job", "Pod", "Server", "Service", endpoints,
              "ServiceProfile", *POLICY_KINDS]
-    return [KINDS[k] for k in order]
+    specs = [KINDS[k] for k in order]
+    if link_namespace:
+        specs.append(link_secrets(link_namespace))
+    return specs
+
+
+def link_secrets(namespace: str) -> KindSpec:
+    """The linked clusters' credentials: Secrets of Linkerd's remote-kubeconfig type in
+    the controller namespace, selected by type on the server, so no other Secret is
+    ever sent here (docs/multicluster.md)."""
+    return KindSpec("Secret", f"/api/v1/namespaces/{namespace}/secrets", "secrets", "",
+                    optional=True, params=(("fieldSelector",
+                                            f"type={REMOTE_KUBECONFIG_SECRET_TYPE}"),),
+                    denied_hint="linked clusters' Secrets are not readable here: no cluster "
+                                "is linked by Secret (deploy/multicluster/ grants it)")
+
+
+class LagObserver(Protocol):
+    """Where a watcher records how late it saw an update (a histogram)."""
+
+    def observe(self, amount: float) -> None: ...
+
+
+def backoff_delay(attempt: int) -> float:
+    """Capped exponential backoff with full jitter (client-go's reflector)."""
+    return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
 
 
 class NotOffered(Exception):
@@ -136,11 +175,15 @@ class KindWatcher:
     """The reflector of one kind: list, then watch from the list's resourceVersion."""
 
     def __init__(self, spec: KindSpec, client: ApiClient, emit: Callable[[Any], None],
-                 lag: prometheus_client.Histogram | None) -> None:
+                 lag: LagObserver | None,
+                 report: Callable[[str, str], None] | None = None) -> None:
         self.spec = spec
         self.client = client
         self.emit = emit
         self.lag = lag
+        # Told (category, detail) of each failure instead of logging it, by an owner that
+        # logs once per cause (a linked cluster's watches); None: log here.
+        self.report = report
         self.stopping = threading.Event()
         self.connected = False
         # Not readable at all (CRD missing, access denied): served as empty, not stale.
@@ -154,6 +197,7 @@ class KindWatcher:
         # Whether the server streams a watch's initial state: unknown until it says.
         self.watch_list: bool | None = None
         self._response: Any = None
+        self._failed = False  # since the last time the API answered
         self._update_times: dict[tuple[str, str], float] = {}
         self.thread = threading.Thread(target=self._run, name=f"watch-{spec.kind}", daemon=True)
 
@@ -194,17 +238,28 @@ class KindWatcher:
                 self.need_state = True
             except ApiError as e:
                 attempt = self._lost(attempt)
+                self._failed = True
                 if e.status == 404 and self.spec.optional:
                     if reported != "missing":
-                        log.warning("CRD not installed; will check again later",
-                                    kind=self.spec.kind, path=self.spec.path)
+                        if self.report is not None:
+                            self.report("missing", f"{self.spec.kind}: not installed")
+                        else:
+                            log.warning("CRD not installed; will check again later",
+                                        kind=self.spec.kind, path=self.spec.path)
                         reported = "missing"
                     self._settle_empty()
                     self.stopping.wait(MISSING_CRD_RETRY)
                 elif e.status in (401, 403):
                     if reported != "forbidden":
-                        log.error("access denied; other kinds keep working", kind=self.spec.kind,
-                                  status=e.status, reason=e.reason)
+                        if self.report is not None:
+                            self.report("access_denied", f"{self.spec.kind}: HTTP {e.status}: "
+                                                         f"{e.reason}")
+                        elif self.spec.denied_hint:
+                            log.info(self.spec.denied_hint, kind=self.spec.kind,
+                                     path=self.spec.path, status=e.status)
+                        else:
+                            log.error("access denied; other kinds keep working",
+                                      kind=self.spec.kind, status=e.status, reason=e.reason)
                         reported = "forbidden"
                     self._settle_empty()
                     self.stopping.wait(FORBIDDEN_RETRY)
@@ -215,6 +270,7 @@ class KindWatcher:
                 if self.stopping.is_set():
                     return
                 attempt = self._lost(attempt)
+                self._failed = True
                 attempt = self._back_off(attempt, f"{type(e).__name__}: {e}")
 
     def _lost(self, attempt: int) -> int:
@@ -232,9 +288,12 @@ class KindWatcher:
             self.synced = True
 
     def _back_off(self, attempt: int, reason: str) -> int:
-        delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
-        log.warning("watch disconnected; retrying", kind=self.spec.kind, reason=reason,
-                    retry_in=round(delay, 2))
+        delay = backoff_delay(attempt)
+        if self.report is not None:
+            self.report("unreachable", f"{self.spec.kind}: {reason}")
+        else:
+            log.warning("watch disconnected; retrying", kind=self.spec.kind, reason=reason,
+                        retry_in=round(delay, 2))
         self.stopping.wait(delay)
         return attempt + 1
 
@@ -242,7 +301,7 @@ class KindWatcher:
         """The state in pages (`limit`/`continue`), for a server that cannot stream it:
         only one page is ever held undecoded."""
         objs: list[KubeObject] = []
-        params: dict[str, Any] = {"limit": LIST_PAGE}
+        params: dict[str, Any] = {"limit": LIST_PAGE, **dict(self.spec.params)}
         while True:
             resp = self.client.open(self.spec.path, params, read_timeout=60.0,
                                     accept=kube_wire.accept(self.spec.kind))
@@ -259,7 +318,8 @@ class KindWatcher:
             if not page.continue_token:
                 self.resource_version = page.resource_version
                 break
-            params = {"limit": LIST_PAGE, "continue": page.continue_token}
+            params = {"limit": LIST_PAGE, "continue": page.continue_token,
+                      **dict(self.spec.params)}
         self._replace(objs)
 
     def _replace(self, objs: list[KubeObject]) -> None:
@@ -270,6 +330,15 @@ class KindWatcher:
         self.need_state = False
         self.emit(("replace", self.spec.kind, objs))
         self.synced = True
+        self._answered()
+
+    def _answered(self) -> None:
+        """The API answered again after failures: an owner that logs once per cause
+        hears that the cause is gone."""
+        if self._failed:
+            self._failed = False
+            if self.report is not None:
+                self.report("recovered", self.spec.kind)
 
     def _watch(self) -> None:
         """One watch, renewed by the caller when the server ends it. While the state is
@@ -278,7 +347,8 @@ class KindWatcher:
         events up to a bookmark that says so: the state arrives one object at a time,
         and the same stream then carries the changes."""
         timeout = random.randint(*WATCH_TIMEOUT_RANGE)
-        params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout)}
+        params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout),
+                  **dict(self.spec.params)}
         initial: list[KubeObject] | None = None
         if self.need_state:
             initial = []
@@ -294,6 +364,7 @@ class KindWatcher:
             raise
         self._response = resp
         self.connected, self.unavailable = True, False
+        self._answered()
         try:
             events = kube_wire.watch_events(self.spec.kind, resp.stream(65536),
                                             resp.headers.get("Content-Type"))
@@ -384,13 +455,18 @@ def _initial_events_end(raw: dict[str, Any]) -> bool:
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  endpoints_api: str = "endpointslices",
-                 credentials: Credentials | None = None, route_status: bool = True) -> None:
+                 credentials: Credentials | None = None, route_status: bool = True,
+                 link_namespace: str = "", kinds: list[KindSpec] | None = None) -> None:
         if endpoints_api not in ("endpointslices", "endpoints"):
             raise ValueError(f"--endpoints-api {endpoints_api!r}: endpointslices or endpoints")
         self.name = "kube"
         self.kubeconfig = kubeconfig
         self.context = context
         self.endpoints_api = endpoints_api
+        # Where linked clusters' Secrets are read from ("": none are).
+        self.link_namespace = link_namespace
+        # What to watch instead of what serving needs (a controller that reads less).
+        self.kinds = kinds
         self._credentials = credentials
         # --route-status: write each route's status.parents entries (Routes §6).
         self.route_status = route_status
@@ -417,7 +493,7 @@ class KubeSource:
         loop = asyncio.get_running_loop()
         handoff = _Handoff(loop, cluster)
 
-        specs = watched_kinds(self.endpoints_api)
+        specs = self.kinds or watched_kinds(self.endpoints_api, self.link_namespace)
         self._cache_gauges(specs, cluster)
         self.watchers = [KindWatcher(s, client, handoff.emit, self._lag_histogram(s))
                          for s in specs]
@@ -428,7 +504,9 @@ class KubeSource:
         for w in self.watchers:
             w.start()
         writer_task: asyncio.Task[None] | None = None
-        if self.route_status:
+        # Statuses are written only for routes this source watches (a source told to
+        # watch other kinds, as a linked cluster's or the mirror's, writes none).
+        if self.route_status and any(s.kind in ROUTE_STORE_KINDS for s in specs):
             self.status_writer = RouteStatusWriter(
                 client, cluster, {k: KINDS[k].path for k in ROUTE_STORE_KINDS})
 
@@ -451,22 +529,51 @@ class KubeSource:
                 self.status_writer.close()
 
     def _lag_histogram(self, spec: KindSpec) -> prometheus_client.Histogram | None:
-        if self._metrics is None:
-            return None
-        return prometheus_client.Histogram(
-            f"{spec.lag_metric}_informer_lag_seconds",
-            f"Delay between a {spec.kind} update and this informer seeing it",
-            buckets=LAG_BUCKETS, registry=self._metrics)
+        return None if self._metrics is None else lag_histogram(self._metrics, spec)
 
     def _cache_gauges(self, specs: list[KindSpec], cluster: Cluster) -> None:
         """Cache sizes, counted when scraped: never on the path of an event."""
         if self._metrics is None:
             return
         for s in specs:
-            gauge = prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
-                                            f"Number of {s.kind} objects in the cache",
-                                            ["cluster"], registry=self._metrics)
-            gauge.labels(cluster.name).set_function(functools.partial(_count, cluster, s.kind))
+            gauge = cache_size_gauge(self._metrics, s)
+            if gauge is not None:
+                gauge.labels(cluster.name).set_function(functools.partial(_count, cluster, s.kind))
+
+
+# Linkerd's informer metrics are one family per kind, shared by every cluster's watchers
+# (the local one and each linked one, told apart by the `cluster` label of the cache
+# sizes): made once per registry, whoever asks first.
+_FAMILIES: weakref.WeakKeyDictionary[prometheus_client.CollectorRegistry,
+                                     dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def lag_histogram(registry: prometheus_client.CollectorRegistry,
+                  spec: KindSpec) -> prometheus_client.Histogram:
+    """Linkerd's `<kind>_informer_lag_seconds` (no cluster label, as in Linkerd)."""
+    name = f"{spec.lag_metric}_informer_lag_seconds"
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = prometheus_client.Histogram(
+            name, f"Delay between a {spec.kind} update and this informer seeing it",
+            buckets=LAG_BUCKETS, registry=registry)
+    histogram: prometheus_client.Histogram = families[name]
+    return histogram
+
+
+def cache_size_gauge(registry: prometheus_client.CollectorRegistry,
+                     spec: KindSpec) -> prometheus_client.Gauge | None:
+    """Linkerd's `<kind>_cache_size{cluster}`; None for a kind Linkerd has none of."""
+    if not spec.cache_metric:
+        return None
+    name = f"{spec.cache_metric}_cache_size"
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = prometheus_client.Gauge(
+            name, f"Number of {spec.kind} objects in the cache", ["cluster"],
+            registry=registry)
+    gauge: prometheus_client.Gauge = families[name]
+    return gauge
 
 
 def _count(cluster: Cluster, kind: str) -> float:

@@ -81,7 +81,10 @@ SCHEMA: dict[str, list[tuple[str, int, str, bool]]] = {
     "ServicePort": [("name", 1, "string", False), ("protocol", 2, "string", False),
                     ("port", 3, "int32", False), ("targetPort", 4, "IntOrString", False),
                     ("appProtocol", 6, "string", False)],
-    "ServiceSpec": [("ports", 1, "ServicePort", True), ("clusterIP", 3, "string", False),
+    # The selector (a map, kept encoded as labels are): a linked cluster's watches
+    # follow the pods the wanted Services select (bridge/multicluster/remote.py).
+    "ServiceSpec": [("ports", 1, "ServicePort", True), ("selector", 2, "bytes", True),
+                    ("clusterIP", 3, "string", False),
                     ("type", 4, "string", False), ("externalName", 10, "string", False),
                     ("clusterIPs", 18, "string", True),
                     ("internalTrafficPolicy", 22, "string", False)],

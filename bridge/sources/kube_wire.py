@@ -151,6 +151,8 @@ def _service(s: Any) -> Raw:
         out["clusterIP"] = spec.clusterIP
     if spec.HasField("internalTrafficPolicy"):
         out["internalTrafficPolicy"] = spec.internalTrafficPolicy
+    if spec.selector:  # protobuf has no empty map: absent and {} read alike (no selector)
+        out["selector"] = _entries(tuple(spec.selector))
     return {"metadata": _meta(s.metadata), "spec": out}
 
 

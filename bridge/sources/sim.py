@@ -20,6 +20,7 @@ Scenario (YAML):
       patterns: {rolling_restart: 1, scale: 1, zone_loss: 0.2, flap: 1}   # relative weights
     duration: 30               # seconds of churn; omit to churn until stopped
     clients: {...}             # read by `meshbridge compare`, ignored here
+    linked: {...}              # a second, linked cluster (`meshbridge compare`)
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class ClusterShape:
     slice_size: int = 100
     port: int = 8080
     meshed: bool = True
+    # Pod IPs are 10.<pod_network + n>.x.y: another cluster's sim takes another range.
+    pod_network: int = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,8 @@ class Scenario:
     duration: float | None = None
     clients: Mapping[str, Any] = field(default_factory=dict)
     name: str = "scenario"
+    # A second cluster linked to this one (read by `meshbridge compare`).
+    linked: Mapping[str, Any] = field(default_factory=dict)
     # Route edits for `meshbridge compare` (harness.compare.route_edit), passed through
     # unread as `clients` is.
     routes: Mapping[str, Any] = field(default_factory=dict)
@@ -97,7 +102,7 @@ class Scenario:
 
 _SHAPE_LIMITS = {
     "namespaces": (1, 1000), "services": (1, 100000), "endpoints_per_service": (0, 10000),
-    "zones": (1, 26), "slice_size": (1, 1000), "port": (1, 65535),
+    "zones": (1, 26), "slice_size": (1, 1000), "port": (1, 65535), "pod_network": (0, 191),
 }
 
 
@@ -111,7 +116,8 @@ def _check_keys(section: Mapping[str, Any], allowed: set[str], where: str) -> No
 def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
     if not isinstance(raw, Mapping):
         raise ScenarioError("scenario: the top level must be a mapping")
-    _check_keys(raw, {"seed", "cluster", "churn", "duration", "clients", "name", "routes"},
+    _check_keys(raw, {"seed", "cluster", "churn", "duration", "clients", "name", "linked",
+                      "routes"},
                 "scenario")
     seed = raw.get("seed", 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -159,6 +165,9 @@ def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
     clients = raw.get("clients") or {}
     if not isinstance(clients, Mapping):
         raise ScenarioError("clients: must be a mapping")
+    linked = raw.get("linked") or {}
+    if not isinstance(linked, Mapping):
+        raise ScenarioError("linked: must be a mapping")
     routes = raw.get("routes") or {}
     if not isinstance(routes, Mapping):
         raise ScenarioError("routes: must be a mapping")
@@ -169,6 +178,7 @@ def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
         duration=float(duration) if duration is not None else None,
         clients=clients,
         name=str(raw.get("name", name)),
+        linked=linked,
         routes=routes,
     )
 
@@ -251,7 +261,7 @@ class SimCluster:
     def _new_pod(self, svc: _SimService) -> _SimPod:
         self._ip_counter += 1
         n = self._ip_counter
-        ip = f"10.{64 + (n >> 16) % 64}.{(n >> 8) & 255}.{n & 255}"
+        ip = f"10.{self.shape.pod_network + (n >> 16) % 64}.{(n >> 8) & 255}.{n & 255}"
         svc.generation += 1
         suffix = f"{svc.generation:05d}"
         return _SimPod(f"{svc.name}-{suffix}", ip, self.rng.randrange(self.shape.zones),

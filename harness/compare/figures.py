@@ -21,7 +21,14 @@ from harness.normalize import digest
 def scenario_json(cs: CompareScenario) -> dict[str, Any]:
     s = cs.scenario
     c = cs.clients
-    return {
+    linked: dict[str, Any] = {}
+    if cs.linked is not None:
+        ls = cs.linked.scenario
+        linked = {"linked": {"name": cs.linked.name, "mode": cs.linked.mode, "seed": ls.seed,
+                             "services": ls.cluster.services,
+                             "endpoints_per_service": ls.cluster.endpoints_per_service,
+                             "churn": {"rate": ls.churn.rate}}}
+    return {**linked,
         "name": s.name, "file": cs.source, "seed": s.seed,
         "cluster": {"namespaces": s.cluster.namespaces, "services": s.cluster.services,
                     "endpoints_per_service": s.cluster.endpoints_per_service,

@@ -32,8 +32,16 @@ from typing import Any, Protocol
 
 import structlog
 
+from bridge.cluster import Event, EventType
 from bridge.model import MeshConfig
-from bridge.sources.sim import SimSource
+from bridge.multicluster.links import Link
+from bridge.multicluster.targets import (
+    LOCAL_DISCOVERY_ANNOTATION,
+    REMOTE_DISCOVERY,
+    REMOTE_SERVICE_LABEL,
+)
+from bridge.objects import Meta, Service
+from bridge.sources.sim import EmitHook, SimSource
 from harness.compare import environment
 from harness.compare.scenario import MODELS, ClientSpec, CompareScenario
 from harness.compare.truth import TruthRecorder
@@ -346,18 +354,24 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
     streams = sum(len(s.targets) if s.model == "linkerd" else 1 for s in all_specs)
     start_churn = asyncio.Event()
     source = SimSource(cs.scenario, on_emit=r.truth.on_emit, start_churn=start_churn)
+    linked = LinkedCluster.of(cs, start_churn, r.truth.on_emit)
     limits = Limits(max_streams_per_client=max(Limits().max_streams_per_client,
                                                 2 * streams + 100),
                     max_streams_per_connection=max(Limits().max_streams_per_connection,
                                                    2 * len(cs.all_targets()) + 100),
                     h2=LOOPBACK_CROWD)
     app = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits,
-                                                 layer_options=options.layer_options),
+                                                 layer_options=options.layer_options,
+                                                 links=linked.links if linked else ()),
               layers)
+    if linked is not None:
+        app.clusters.make_dev_source = linked.source_for
     workers = Workers()
     try:
         progress.phase("starting meshbridge")
         await app.start()
+        if linked is not None:
+            await linked.serve(app)
         r.grpc_port = app.grpc_port
         for m in r.models:
             if MODEL_LAYER[m] in r.broken:
@@ -409,14 +423,15 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         r.churn_start_ns = time.monotonic_ns()
         start_churn.set()
         churn_deadline = time.monotonic() + cs.duration + max(10.0, cs.duration)
-        while not source.finished.is_set():
+        sources = [source, *([linked.source] if linked else [])]
+        while not all(s.finished.is_set() for s in sources):
             if time.monotonic() > churn_deadline:
                 raise RunError("the churn did not finish in time")
             _watch(app, workers, r, progress)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(source.finished.wait(), 0.5)
         r.churn_end_ns = time.monotonic_ns()
-        r.changes = source.emitted
+        r.changes = sum(s.emitted for s in sources)
 
         r.phase = "settling"
         progress.phase("settling: waiting for the clients to be quiet")
@@ -446,6 +461,59 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         await workers.close()
         await app.stop(grace=0.5)
         gctune.release_heap()
+
+
+LINKED_CHANGES = 1_000_000_000  # the linked sim's change indices start here
+
+
+@dataclass(slots=True)
+class LinkedCluster:
+    """The scenario's linked cluster: a sim of its own, churning with the local one, and
+    the local Services that serve the clients' targets from it (docs/compare.md)."""
+
+    name: str
+    mode: str
+    source: SimSource
+    links: tuple[Link, ...]
+
+    @classmethod
+    def of(cls, cs: CompareScenario, start_churn: asyncio.Event,
+           on_emit: EmitHook) -> LinkedCluster | None:
+        plan = cs.linked
+        if plan is None:
+            return None
+        link = Link(plan.name, "cluster.local", f"{plan.name}.local",
+                    f"scenario {cs.scenario.name}", dev_source=f"sim:{plan.scenario.name}")
+
+        def emitted(index: int, pattern: str, at: float) -> None:
+            # The truth keys changes by index: the linked cluster's are numbered apart.
+            on_emit(LINKED_CHANGES + index, pattern, at)
+
+        source = SimSource(plan.scenario, on_emit=emitted, start_churn=start_churn)
+        return cls(plan.name, plan.mode, source, (link,))
+
+    def source_for(self, _spec: str) -> SimSource:
+        return self.source
+
+    async def serve(self, app: App) -> None:
+        """Wait for the linked cluster, then add the local Services naming it."""
+        deadline = time.monotonic() + 60
+        while (lc := app.clusters.get(self.name)) is None or lc.synced_at is None:
+            if time.monotonic() > deadline:
+                raise RunError(f"the linked cluster {self.name} did not sync")
+            await asyncio.sleep(0.05)  # polling the store, under the deadline above
+        aliases = []
+        for key, svc in sorted(app.cluster.services.items()):
+            if self.mode == "federated":
+                meta = Meta(f"{key.name}-federated", key.namespace, annotations={
+                    REMOTE_DISCOVERY: f"{key.name}@{self.name}",
+                    LOCAL_DISCOVERY_ANNOTATION: key.name})
+            else:
+                meta = Meta(f"{key.name}-{self.name}", key.namespace, labels={
+                    REMOTE_DISCOVERY: self.name, REMOTE_SERVICE_LABEL: key.name})
+            aliases.append(Event(EventType.ADDED, Service(meta, ports=svc.ports,
+                                                          cluster_ips=svc.cluster_ips)))
+        app.cluster.apply(aliases)
 
 
 def _watch(app: App, workers: Workers, r: Run, progress: Progress) -> None:

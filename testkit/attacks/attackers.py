@@ -33,6 +33,7 @@ from typing import Any
 
 import hpack
 
+from h2grpc.frames import integer, literal
 from linkerd_api.proto import destination_pb2
 
 # --------------------------------------------------------------------- framing
@@ -98,32 +99,16 @@ def data(stream_id: int, payload: bytes, end_stream: bool) -> bytes:
 
 
 # ------------------------------------------------------------------------ HPACK
-
-def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    """Literal field without indexing, literal name, no Huffman: touches no table."""
-    return b"\x00" + _integer(len(name), 7) + name + _integer(len(value), 7) + value
-
+# Literals without indexing come from h2grpc.frames (what the server sends), the
+# rest is built here on its integer encoding.
 
 def literal_indexed(name: bytes, value: bytes) -> bytes:
     """Literal field WITH incremental indexing: the decoder adds it to its table."""
-    return b"\x40" + _integer(len(name), 7) + name + _integer(len(value), 7) + value
+    return b"\x40" + integer(len(name), 7) + name + integer(len(value), 7) + value
 
 
 def indexed(index: int) -> bytes:
-    return _integer(index, 7, 0x80)
+    return integer(index, 7, 0x80)
 
 
 def request_fields(path: bytes, method: bytes = b"POST", grpc: bool = True

@@ -23,6 +23,7 @@ from harness.normalize import NormalEndpoint
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "bench" / "scenarios" / "smoke.yaml"
 BIG = ROOT / "bench" / "scenarios" / "one-big-service.yaml"
+TWO_CLUSTERS = ROOT / "bench" / "scenarios" / "two-clusters.yaml"
 MODELS = ("linkerd", "sotw", "delta", "leds")
 
 
@@ -322,6 +323,26 @@ def test_envoys_in_the_loop_end_on_the_truth_and_reject_nothing(tmp_path: Path) 
         # update it attempts, less the ones the server coalesced.
         assert 0 < p["update_attempt"] <= report["run"]["truth_versions"]
     assert "## Envoy" in (tmp_path / "report.md").read_text()
+
+
+def test_a_two_cluster_scenario_serves_the_union_and_passes_every_check(
+        tmp_path: Path) -> None:
+    """bench/scenarios/two-clusters.yaml: every client follows `<svc>-federated`, the
+    union of a local service and a linked cluster's, both churning."""
+    out = tmp_path / "two-clusters"
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshbridge.cli", "compare", str(TWO_CLUSTERS), "--out",
+         str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["ok"], [c for c in report["checks"] if not c["ok"]]
+    assert report["scenario"]["linked"]["name"] == "east"
+    for model in report["models"]:
+        results = json.loads((out / f"client-results-{model}.json").read_text())
+        text = json.dumps(results)
+        assert "-federated.ns-" in text, model
+        # The local sim's pods are 10.64.x.y, the linked one's 10.128.x.y: both served.
+        assert '"10.64.' in text and '"10.128.' in text, model
 
 
 def test_the_environment_block_names_commit_versions_cores_and_load() -> None:

@@ -28,9 +28,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from bridge.sources.files import FilesSource
-from meshbridge.app import App, ServeOptions, TlsFiles
-from meshbridge.layers import protocol_layers
+from meshbridge.app import TlsFiles
 from testkit.certs import self_signed
 from tests.conftest import AppFactory
 
@@ -160,13 +158,7 @@ async def test_h2spec_plaintext(h2spec_binary: Path, make_app: AppFactory, demo_
     check(await run_h2spec(h2spec_binary, app.grpc_port, tmp_path, tls=False), tmp_path)
 
 
-async def test_h2spec_tls(h2spec_binary: Path, demo_dir: Path, tmp_path: Path) -> None:
-    # make_app's keyword arguments become ServeOptions.extra, so the TLS server is
-    # built here the same way, with `tls` set.
-    options = ServeOptions("127.0.0.1:0", "127.0.0.1:0", tls=TlsFiles(*self_signed(tmp_path)))
-    app = App(FilesSource(demo_dir, poll_interval=0.05), None, options, protocol_layers())
-    await app.start()
-    try:
-        check(await run_h2spec(h2spec_binary, app.grpc_port, tmp_path, tls=True), tmp_path)
-    finally:
-        await app.stop(grace=0.5)
+async def test_h2spec_tls(h2spec_binary: Path, make_app: AppFactory, demo_dir: Path,
+                          tmp_path: Path) -> None:
+    app = await make_app(demo_dir, tls=TlsFiles(*self_signed(tmp_path)))
+    check(await run_h2spec(h2spec_binary, app.grpc_port, tmp_path, tls=True), tmp_path)

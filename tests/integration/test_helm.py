@@ -45,7 +45,7 @@ def render(helm: str, *values: str) -> list[dict[str, Any]]:
 
 def test_helm_lint_accepts_the_chart(helm: str) -> None:
     for values in ([], ["tls.secretName=meshbridge-tls,tls.clientCA=true",
-                        "serviceMonitor.enabled=true"]):
+                        "serviceMonitor.enabled=true"], MULTICLUSTER):
         sets = [a for v in values for a in ("--set", v)]
         out = subprocess.run([helm, "lint", "--strict", str(CHART), *sets],
                              capture_output=True, text=True, timeout=120)
@@ -87,6 +87,34 @@ def test_the_webhook_values_render_deploy_s_configuration_and_its_flags(helm: st
     assert "--webhook-listen" not in deployment["spec"]["template"]["spec"]["containers"][0][
         "args"]
     assert "volumes" not in deployment["spec"]["template"]["spec"]
+
+
+MULTICLUSTER = ["multicluster.enabled=true", "multicluster.mirror.enabled=true",
+                "remoteAccess.enabled=true"]
+
+
+def test_the_charts_multicluster_objects_are_deploy_multiclusters(helm: str) -> None:
+    docs = render(helm, *MULTICLUSTER)
+    plain = [d for f in sorted((REPO / "deploy" / "multicluster").rglob("*.yaml"))
+             for d in yaml.safe_load_all(f.read_text()) if d]
+
+    def rules(objs: list[dict[str, Any]], kind: str, suffix: str) -> Any:
+        (obj,) = [d for d in objs if d["kind"] == kind
+                  and d["metadata"]["name"].endswith(suffix)]
+        return obj["rules"]
+
+    for kind, suffix in (("Role", "-links"), ("ClusterRole", "-mirror"),
+                         ("ClusterRole", "-remote")):
+        assert rules(docs, kind, suffix) == rules(plain, kind, suffix), (kind, suffix)
+    (serve,) = [d for d in docs if d["kind"] == "Deployment"
+                and d["metadata"]["name"] == "mb-meshbridge"]
+    args = serve["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--controller-namespace") + 1] == "linkerd"
+    (mirror,) = [d for d in docs if d["kind"] == "Deployment"
+                 and d["metadata"]["name"].endswith("-mirror")]
+    assert mirror["spec"]["template"]["spec"]["containers"][0]["args"][0] == "mirror"
+    assert not [d for d in render(helm) if "multicluster" in str(d) or "mirror" in
+                d["metadata"]["name"]]
 
 
 def test_the_charts_role_is_deploy_rbac_yaml_s(helm: str) -> None:

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import json
 import math
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +34,13 @@ from linkerd_api.service import LinkerdOptions
 from meshbridge.app import App
 from testkit import linkerd_policy as policy_client
 from testkit.linkerd import Stream
-from testkit.net import free_port
-from testkit.polling import eventually, eventually_seen
+from testkit.polling import HANG, eventually, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.test_proxy_docs import (
-    block,
-    envoy,
-    envoy_bootstrap,
-    exports,
+    outbound_envoy,
     start_http_backends,
 )
-from tests.integration.test_xds_proxyless import PROBE, Probe, start_backends
+from tests.integration.test_xds_proxyless import Probe, start_backends, start_probe
 from tests.integration.xds_helpers import Manifests, service_with_addresses
 
 N = 2000
@@ -100,14 +93,10 @@ async def test_a_real_envoy_splits_the_demo_canary_90_10(tmp_path: Path,
         manifests.mkdir()
         canary_manifests(manifests, backend_port)
         app: App = await make_app(manifests)
-        values = exports(block("envoy.md", "envoy-run"))
-        outbound = free_port()
-        values.update(MESHBRIDGE_PORT=str(app.grpc_port), OUTBOUND_PORT=str(outbound),
-                      ENVOY_ADMIN_PORT="0")
-        with envoy(envoy_bootstrap(values), tmp_path):
+        with outbound_envoy(app.grpc_port, tmp_path) as outbound:
             def count(n: int) -> dict[str, int]:
                 seen: dict[str, int] = {}
-                conn = http.client.HTTPConnection("127.0.0.1", outbound, timeout=10)
+                conn = http.client.HTTPConnection("127.0.0.1", outbound, timeout=HANG)
                 try:
                     for _ in range(n):
                         conn.request("GET", "/")
@@ -125,7 +114,7 @@ async def test_a_real_envoy_splits_the_demo_canary_90_10(tmp_path: Path,
                 except OSError:
                     return False
                 return set(got) == {WEB_IP, CANARY_IP}
-            await eventually(both, 30, "requests through Envoy reach web and the canary")
+            await eventually(both, HANG, "requests through Envoy reach web and the canary")
             seen = await asyncio.to_thread(count, N)
         assert set(seen) == {WEB_IP, CANARY_IP}, seen
         assert within_bound(seen[CANARY_IP]), seen
@@ -143,13 +132,13 @@ async def test_a_proxyless_grpc_client_splits_the_demo_canary_90_10(
         manifests.mkdir()
         canary_manifests(manifests, backend_port, app_protocol="grpc")
         app: App = await make_app(manifests)
-        proc = await start_probe(app.grpc_port)
+        proc = await start_canary_probe(app.grpc_port)
         probe = Probe(proc)
 
         async def both() -> tuple[bool, Any]:
             got = await probe.call(50)
             return set(got["backends"]) == {WEB_IP, CANARY_IP} and not got["errors"], got
-        await eventually_seen(both, 30.0, "RPCs reaching web and the canary", period=0)
+        await eventually_seen(both, HANG, "RPCs reaching web and the canary", period=0)
         got = await probe.call(N)
         assert not got["errors"], got
         assert within_bound(got["backends"].get(CANARY_IP, 0)), got
@@ -165,20 +154,8 @@ async def test_a_proxyless_grpc_client_splits_the_demo_canary_90_10(
             await s.stop(None)
 
 
-async def start_probe(xds_port: int) -> asyncio.subprocess.Process:
-    bootstrap = {
-        "xds_servers": [{"server_uri": f"127.0.0.1:{xds_port}",
-                         "channel_creds": [{"type": "insecure"}],
-                         "server_features": ["xds_v3"]}],
-        "node": {"id": "canary-probe", "locality": {"zone": "zone-a"},
-                 "metadata": {"NAMESPACE": NS}},
-    }
-    env = {**os.environ, "GRPC_XDS_BOOTSTRAP_CONFIG": json.dumps(bootstrap),
-           "GRPC_VERBOSITY": "ERROR"}
-    env.pop("GRPC_XDS_BOOTSTRAP", None)
-    return await asyncio.create_subprocess_exec(
-        sys.executable, str(PROBE), f"xds:///{WEB}",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
+async def start_canary_probe(xds_port: int) -> asyncio.subprocess.Process:
+    return await start_probe(xds_port, "canary-probe", WEB, metadata={"NAMESPACE": NS})
 
 
 async def test_linkerd_clients_are_told_the_demo_canary_90_10(
