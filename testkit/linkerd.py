@@ -20,9 +20,10 @@ from google.protobuf.message import Message
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import address_text
 from meshbridge.app import App
+from testkit.polling import HANG
 
 SERVICE = "/io.linkerd.proxy.destination.Destination"
-DEADLINE = 10.0
+DEADLINE = HANG  # every read waits for its message, never times it
 
 
 class ServerStream:

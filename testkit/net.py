@@ -7,6 +7,8 @@ import socket
 import urllib.error
 import urllib.request
 
+from testkit.polling import HANG
+
 
 def free_ports(count: int) -> list[int]:
     """Ports free on 127.0.0.1 now, all different: every socket is held until all are
@@ -29,7 +31,7 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+def http_get(url: str, timeout: float = HANG) -> tuple[int, str]:
     """(status, body) of a GET, error statuses included; OSError when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -38,7 +40,7 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return int(e.code), e.read().decode(errors="replace")
 
 
-def http_text(url: str, timeout: float = 5.0) -> str:
+def http_text(url: str, timeout: float = HANG) -> str:
     """The body of a GET; an error status raises urllib's HTTPError (an OSError)."""
     with urllib.request.urlopen(url, timeout=timeout) as r:
         body: bytes = r.read()

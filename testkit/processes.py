@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from testkit.polling import Why, eventually_sync
+from testkit.polling import HANG, Why, eventually_sync
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,10 +39,11 @@ def rss_kib() -> int:
 
 @contextlib.contextmanager
 def running(argv: Sequence[str | os.PathLike[str]], started: Callable[[], bool], what: Why,
-            timeout: float = 30.0, **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+            timeout: float = 2 * HANG, **popen: Any) -> Iterator[subprocess.Popen[Any]]:
     """`argv` running, once `started()` holds (failing at once, saying `what`, if it
     exits first); killed at the end if still running. A test that wants it to end
-    cleanly ends it itself (`stop`)."""
+    cleanly ends it itself (`stop`). The deadline is a whole process start-up's hang
+    guard (one took 23 s at load 20)."""
     proc = subprocess.Popen([os.fspath(a) for a in argv], **popen)
     try:
         eventually_sync(lambda: proc.poll() is not None or started(), timeout, what)
@@ -56,7 +57,7 @@ def running(argv: Sequence[str | os.PathLike[str]], started: Callable[[], bool],
             proc.communicate()
 
 
-def stop(proc: subprocess.Popen[Any], timeout: float = 20.0) -> str:
+def stop(proc: subprocess.Popen[Any], timeout: float = HANG) -> str:
     """SIGTERM, then wait for the exit; returns what it wrote to a piped stdout."""
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=timeout)

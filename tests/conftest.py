@@ -19,6 +19,26 @@ from testkit.serving import Apps
 
 AppFactory = Callable[..., Any]
 
+# What the launchers of the shared peers allow their start-up, each a hang guard of its
+# own (tests/integration/kubeapi.py: etcd, then kube-apiserver, 120 s each; istiod.py:
+# Istio's CRDs 60 s, pilot-discovery 120 s).
+PEER_STARTUP_BOUND = 2 * 120 + 60 + 120
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Whichever test first asks for the shared kube-apiserver (or an istiod on it) pays
+    for its start-up inside its own pytest-timeout, which would then be a time budget
+    for a start-up the launchers already bound: on a loaded machine one took over 300 s.
+    Such tests get the launchers' bound on top of their timeout."""
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        if "kube_apiserver" not in getattr(item, "fixturenames", ()):
+            continue
+        marker = item.get_closest_marker("timeout")
+        timeout = float(marker.args[0]) if marker is not None and marker.args else default
+        if timeout:
+            item.add_marker(pytest.mark.timeout(timeout + PEER_STARTUP_BOUND), append=False)
+
 
 @pytest.fixture
 def demo_dir(tmp_path: Path) -> Path:

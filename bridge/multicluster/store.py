@@ -373,6 +373,7 @@ class ClusterStore:
             if old is not None:
                 old.stop()
             lc.link = link
+            lc.cluster.identity = identity_of(link)
             log.info("linked cluster's new credentials took over", cluster=link.name,
                      source=link.origin)
         elif lc.run is None or lc.run.link is not link:
@@ -416,8 +417,7 @@ class ClusterStore:
                 self._errors.labels(cluster, category).inc()
 
     def _link(self, link: Link) -> None:
-        identity = ClusterIdentity(link.name, link.cluster_domain, link.trust_domain)
-        lc = LinkedCluster(link, Cluster(identity), time.monotonic(),
+        lc = LinkedCluster(link, Cluster(identity_of(link)), time.monotonic(),
                            holds_ready=not self._ready_once)
         self.linked[link.name] = lc
         lc.run = self._start(lc, link)
@@ -440,6 +440,7 @@ class ClusterStore:
                 lc.run.stop()
             _empty(lc.cluster)
             lc.link = link
+            lc.cluster.identity = identity_of(link)
             lc.synced_at = None
             lc.run = self._start(lc, link)
             return
@@ -502,6 +503,12 @@ def _close(source: LinkSource) -> None:
     close = getattr(source, "close", None)
     if close is not None:
         close()
+
+
+def identity_of(link: Link) -> ClusterIdentity:
+    """A linked Cluster's identity: its link's name and domains (its Views' metrics and
+    endpoint ids name it)."""
+    return ClusterIdentity(link.name, link.cluster_domain, link.trust_domain)
 
 
 def _count(cluster: Cluster, kind: str) -> float:

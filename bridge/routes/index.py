@@ -4,7 +4,9 @@ Incremental like the Views: a route edit recomputes the ports of the Services it
 attaches to (before and after the edit), a ServiceProfile edit the ports of the
 Service it is named after, a Service edit its own ports and the ports whose routes
 send to it, and nothing else (Routes §4). Those who read the tables
-(the xDS route cache, the Linkerd policy service) are told which ports changed.
+(the xDS route cache, the Linkerd policy service) are told which ports changed; those
+who follow routes themselves (the status writer) which routes a change may concern:
+the routes that changed and every route attached to a Service whose ports were redone.
 
 The cluster cache is read through `Cluster.objects(kind)` and `Cluster.services`, and
 route edits are found by comparing the cached route objects with those last seen
@@ -38,6 +40,7 @@ PortKey = tuple[ServiceKey, int]
 RouteKey = tuple[str, str, str]  # (store kind, namespace, name)
 ProfileKey = tuple[str, str]  # (namespace, name), as the cluster keys ServiceProfiles
 PortsListener = Callable[[frozenset[PortKey]], None]
+RoutesListener = Callable[[frozenset[RouteKey]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +66,11 @@ class RouteIndex:
         self._backends_of: dict[PortKey, frozenset[ServiceKey]] = {}
         self._ports_of: dict[ServiceKey, set[int]] = {}
         self._listeners: list[PortsListener] = []
+        self._route_listeners: list[RoutesListener] = []
         self._logged: set[tuple[object, ...]] = set()
         self.recomputed = 0  # ports resolved since start (tests read it)
         touched: set[ServiceKey] = set()
-        self._sync(ROUTE_STORE_KINDS, touched)
+        self._sync(ROUTE_STORE_KINDS, touched, set())
         self._sync_profiles(list(cluster.profiles), touched)
         self._recompute(touched)
         cluster.add_listener(self._on_change, ListenerStage.VIEWS)
@@ -89,19 +93,34 @@ class RouteIndex:
     def routes(self) -> list[Route]:
         return [rec.route for _, rec in sorted(self._routes.items())]
 
+    def route(self, key: RouteKey) -> Route | None:
+        rec = self._routes.get(key)
+        return rec.route if rec is not None else None
+
+    def route_keys(self) -> frozenset[RouteKey]:
+        return frozenset(self._routes)
+
     def add_listener(self, listener: PortsListener) -> None:
         self._listeners.append(listener)
 
     def remove_listener(self, listener: PortsListener) -> None:
         self._listeners.remove(listener)
 
+    def add_routes_listener(self, listener: RoutesListener) -> None:
+        """`listener` is told, once per cluster change, the routes it may concern."""
+        self._route_listeners.append(listener)
+
+    def remove_routes_listener(self, listener: RoutesListener) -> None:
+        self._route_listeners.remove(listener)
+
     # ------------------------------------------------------------------ changes
 
     def _on_change(self, change: ClusterChange) -> None:
         touched: set[ServiceKey] = set()
+        routes: set[RouteKey] = set()
         kinds = [k for k in ROUTE_STORE_KINDS if k in change.kinds]
         if kinds:
-            self._sync(kinds, touched)
+            self._sync(kinds, touched, routes)
         if change.profiles:
             self._sync_profiles(change.profiles, touched)
         services = set(change.service_objects)
@@ -113,6 +132,13 @@ class RouteIndex:
                 touched.add(port_key[0])
         if touched:
             self._recompute(touched)
+        if self._route_listeners:
+            for svc in touched:
+                routes |= self._by_parent.get(svc, set())
+            if routes:
+                frozen = frozenset(routes)
+                for listener in list(self._route_listeners):
+                    listener(frozen)
 
     def _known_services(self) -> set[ServiceKey]:
         return set(self._by_parent) | set(self._ports_of) | set(self._profiles_of)
@@ -138,8 +164,10 @@ class RouteIndex:
             self._profiles_of.setdefault(svc, set()).add(key)
             touched.add(svc)
 
-    def _sync(self, kinds: Iterable[str], touched: set[ServiceKey]) -> None:
-        """Find the route objects that came, went or changed since last seen."""
+    def _sync(self, kinds: Iterable[str], touched: set[ServiceKey],
+              routes: set[RouteKey]) -> None:
+        """Find the route objects that came, went or changed since last seen (their
+        keys into `routes`)."""
         current: dict[RouteKey, Route] = {}
         for kind in kinds:
             for obj in self.cluster.objects(kind):
@@ -148,10 +176,12 @@ class RouteIndex:
         kinds = set(kinds)
         for key in [k for k in self._routes if k[0] in kinds and k not in current]:
             self._forget(key, touched)
+            routes.add(key)
         for key, route in current.items():
             old = self._routes.get(key)
             if old is not None and old.route is route:
                 continue
+            routes.add(key)
             if old is not None:
                 self._forget(key, touched)
             parents = frozenset(ServiceKey(p.namespace, p.name) for p in route.parents

@@ -17,7 +17,9 @@ import time
 import grpc
 
 METHOD = "/meshbridge.test.Echo/Who"
-APP_TIMEOUT_S = 10  # each call's own deadline
+# Each call's own deadline: a guard against a hang, not a budget (a call waits for the
+# client's xDS resources, which a loaded machine can take seconds to deliver).
+APP_TIMEOUT_S = 60
 
 
 def main() -> int:

@@ -22,7 +22,7 @@ from harness.clients import ADS_SOTW, EDS_TYPE
 from harness.shadow.cli import add_arguments, run_shadow
 from meshbridge.app import App
 from testkit.linkerd import read_docs, write_docs
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 DOMAIN = "svc.cluster.local"
 WEB = f"web.emojivoto.{DOMAIN}:80"
@@ -227,7 +227,7 @@ class ShadowRun:
             return None
         return latest
 
-    async def until(self, check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    async def until(self, check: Callable[[], Any], what: str, timeout: float = HANG) -> Any:
         """What `check()` returned once truthy; fails at once if shadow ends first."""
         result: Any = None
 
@@ -247,7 +247,7 @@ class ShadowRun:
 
     async def finish(self) -> tuple[int, dict[str, Any]]:
         self.stop.set()
-        rc = await asyncio.wait_for(self.task, 20)
+        rc = await asyncio.wait_for(self.task, HANG)
         summary = self.lines()[-1]
         assert summary["event"] == "summary"
         return rc, summary

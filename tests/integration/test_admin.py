@@ -13,7 +13,7 @@ from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import View, ViewChange
 from meshbridge.app import App
 from meshbridge.debug_access import DebugAccess
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 
 class Sink:
@@ -23,7 +23,7 @@ class Sink:
 
 def fetch(app: App, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}{path}", timeout=3) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}{path}", timeout=HANG) as r:
             return int(r.status), r.read().decode()
     except urllib.error.HTTPError as e:
         return int(e.code), e.read().decode()
@@ -105,7 +105,7 @@ async def test_debug_endpoints_is_html_unless_json_is_asked_for(
 
     def fetch_as(accept: str) -> tuple[str, bytes]:
         req = urllib.request.Request(url, headers={"Accept": accept})
-        with urllib.request.urlopen(req, timeout=3) as r:
+        with urllib.request.urlopen(req, timeout=HANG) as r:
             return r.headers["Content-Type"], r.read()
 
     kind, body = await asyncio.to_thread(fetch_as, "text/html,*/*")

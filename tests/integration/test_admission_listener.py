@@ -14,6 +14,7 @@ from typing import Any
 
 from admission.webhook import WebhookOptions
 from linkerd_api.identity import IdentityOptions
+from testkit.polling import HANG
 from tests.conftest import AppFactory
 from tests.integration.test_admission_webhook import _pki
 
@@ -38,7 +39,7 @@ def post(conn: http.client.HTTPSConnection, body: bytes, path: str = "/validate"
 
 def connection(port: int, ca: Path) -> http.client.HTTPSConnection:
     context = ssl.create_default_context(cafile=str(ca))
-    return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=HANG)
 
 
 async def test_every_request_gets_an_answer_or_a_4xx_saying_why(

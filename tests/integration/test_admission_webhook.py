@@ -31,14 +31,14 @@ from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
-from testkit.polling import eventually_sync
+from testkit.polling import HANG, eventually_sync
 from tests.integration.test_kube_policy import install_crds
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = Path(__file__).parent / "crds"
-WAIT = 30.0
+WAIT = HANG
 DENIED = 'admission webhook "validate.meshbridge.io" denied the request: '
 
 

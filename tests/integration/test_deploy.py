@@ -20,6 +20,7 @@ from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources.kube import KINDS, POLICY_KINDS, KubeSource, watched_kinds
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
+from testkit.polling import HANG
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -142,12 +143,12 @@ def test_the_deployment_passes_server_side_validation(applied: client.ApiClient)
 
 
 async def synced_once(source: KubeSource, cluster: Cluster) -> list[MutableMapping[str, Any]]:
-    """Run `source` into `cluster` until it has synced (30 s at most); what it logged."""
+    """Run `source` into `cluster` until it has synced; what it logged."""
     synced = asyncio.Event()
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(source.run(cluster, synced))
         try:
-            await asyncio.wait_for(synced.wait(), 30)
+            await asyncio.wait_for(synced.wait(), HANG)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -16,7 +16,7 @@ import yaml
 
 from testkit.builders import service
 from testkit.net import free_port, http_get, ready
-from testkit.polling import eventually_sync
+from testkit.polling import HANG, eventually_sync
 from testkit.processes import running, stop
 
 
@@ -49,23 +49,23 @@ def test_the_files_source_logs_each_file_and_a_lost_folder_turns_ready_503(
             env=env) as proc:
         assert logged(log, "manifest file added", a)
         b.write_text(yaml.safe_dump(service("b")))
-        eventually_sync(lambda: logged(log, "manifest file added", b), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file added", b), HANG, log.read_text())
         a.write_text(yaml.safe_dump_all([service("a"), service("a2")]))
-        eventually_sync(lambda: logged(log, "manifest file changed", a), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file changed", a), HANG, log.read_text())
         b.unlink()
-        eventually_sync(lambda: logged(log, "manifest file removed", b), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file removed", b), HANG, log.read_text())
         if how == "removed":
             shutil.rmtree(root)
         else:
             a.unlink()
         eventually_sync(lambda: logged(log, "no manifests in the folder; serving its last "
-                                            "state"), 10, log.read_text())
+                                            "state"), HANG, log.read_text())
         code, body = http_get(f"http://127.0.0.1:{admin_port}/ready")
         assert code == 503 and str(root) in body
         assert ("is missing" if how == "removed" else "holds no manifests") in body
         root.mkdir(exist_ok=True)
         a.write_text(yaml.safe_dump(service("a")))
-        eventually_sync(lambda: ready(admin_port), 10, "/ready did not come back")
+        eventually_sync(lambda: ready(admin_port), HANG, "/ready did not come back")
         assert logged(log, "manifest folder has manifests again")
         stop(proc)
     assert proc.returncode == 0

@@ -23,7 +23,7 @@ from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.host import GrpcServer, Host, Layer
 from meshbridge.limits import Limits
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 METHOD = "/meshbridge.test.Hold/Stream"
 
@@ -68,7 +68,7 @@ async def test_streams_over_the_per_client_limit_are_refused_and_others_unaffect
             assert "--max-streams-per-client" in (err.value.details() or "")
             # The held streams are untouched; closing one makes room for a new one.
             held[0][0].cancel()
-            await eventually(lambda: app.rpc_guard.open.get("127.0.0.1", 0) < 3, 5,
+            await eventually(lambda: app.rpc_guard.open.get("127.0.0.1", 0) < 3, HANG,
                              "the cancelled stream's place given back")
             _, msg = await first_message(ch)
             assert msg == b"hello"
@@ -139,7 +139,7 @@ async def test_mtls_admits_a_client_with_a_cert_from_the_ca_and_refuses_others(
         }
         for why, creds in refused.items():
             async with grpc.aio.secure_channel(target, creds) as ch:
-                call = ch.unary_stream(METHOD)(b"", timeout=5)
+                call = ch.unary_stream(METHOD)(b"", timeout=HANG)
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     async for _ in call:
                         pass
@@ -184,7 +184,7 @@ async def test_grpc_server_metrics_count_streams_messages_and_codes(tmp_path: Pa
                     pass
             call.cancel()
             await eventually(
-                lambda: sample("grpc_server_handled_total", grpc_code="Canceled") >= 1, 5,
+                lambda: sample("grpc_server_handled_total", grpc_code="Canceled") >= 1, HANG,
                 "the cancelled call counted")
     finally:
         await app.stop(0.1)
@@ -221,14 +221,14 @@ async def test_the_get_and_xds_clients_speak_mtls_with_matching_flags(
             ok = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "meshbridge.cli", *argv, *tls_flags,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(ok.communicate(), 30)
+            out, err = await asyncio.wait_for(ok.communicate(), HANG)
             assert ok.returncode == 0, (name, err.decode())
             assert b"10.244." in out, name  # an endpoint address of the demo's web pods
             # The same command without a client certificate is refused by the server.
             refused = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "meshbridge.cli", *argv, *tls_flags[:4], "--timeout", "5",
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            await asyncio.wait_for(refused.communicate(), 30)
+            await asyncio.wait_for(refused.communicate(), HANG)
             assert refused.returncode != 0, name
     finally:
         await app.stop(0.1)

@@ -22,14 +22,11 @@ import pytest
 from h2grpc.call import INBOX_SLACK
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 SERVICE = "meshbridge.test.Echo"
 STREAM_WINDOW = H2Limits().stream_window
 RESET_BUDGET = H2Limits().max_resets
-# How long a step may wait for the server: a bound for what must happen, generous for a
-# loaded machine (a flood of 2,100 streams takes the server ~2 s on a quiet one).
-WAIT = 60.0
 
 
 def _frame(message: bytes, compressed: bool = False) -> bytes:
@@ -158,7 +155,7 @@ async def test_a_deadline_ends_the_call_with_deadline_exceeded(
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await call.read()
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        await asyncio.wait_for(handlers.cancelled.wait(), WAIT)
+        await asyncio.wait_for(handlers.cancelled.wait(), HANG)
 
 
 async def test_a_client_cancelling_cancels_the_handler(
@@ -168,8 +165,8 @@ async def test_a_client_cancelling_cancels_the_handler(
         call = ch.unary_stream(f"/{SERVICE}/Hold")(b"")
         assert await call.read() == b"first"
         call.cancel()
-        await asyncio.wait_for(handlers.cancelled.wait(), WAIT)
-        await eventually(lambda: not server._tasks, WAIT, lambda: "the call's task is left")
+        await asyncio.wait_for(handlers.cancelled.wait(), HANG)
+        await eventually(lambda: not server._tasks, HANG, lambda: "the call's task is left")
 
 
 async def test_stop_ends_open_streams_with_their_status_then_closes(
@@ -285,7 +282,7 @@ class RawClient:
                 if want(e):
                     self.events.remove(e)
                     return e
-            data = await asyncio.wait_for(self.reader.read(1 << 16), WAIT)
+            data = await asyncio.wait_for(self.reader.read(1 << 16), HANG)
             if not data:
                 self.closed = True
                 raise ConnectionError("server closed the connection")
@@ -381,7 +378,7 @@ async def test_a_reader_that_never_grants_window_holds_back_only_its_stream(
     first = await stalled.until(lambda e: isinstance(e, h2.events.DataReceived), ack_data=False)
     assert len(first.data) == 10  # exactly the window, then nothing
     async with grpc.aio.insecure_channel(address) as ch:
-        assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"ok", timeout=WAIT) == b"echo:ok"
+        assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"ok", timeout=HANG) == b"echo:ok"
     await stalled.close()
 
 
@@ -393,7 +390,7 @@ async def test_a_reset_stream_cancels_its_handler_and_leaves_the_connection_usab
     await c.until(lambda e: isinstance(e, h2.events.DataReceived))
     c.conn.reset_stream(sid)
     c.send()
-    await asyncio.wait_for(handlers.cancelled.wait(), WAIT)
+    await asyncio.wait_for(handlers.cancelled.wait(), HANG)
     sid = c.call("Unary", _frame(b"still here"))
     body, _ = await c.response(sid)
     assert body == _frame(b"echo:still here")
@@ -425,7 +422,7 @@ async def test_a_client_that_is_not_http2_is_told_and_closed(
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    data = await asyncio.wait_for(reader.read(), WAIT)  # until the server closes
+    data = await asyncio.wait_for(reader.read(), HANG)  # until the server closes
     frames = []
     while data:
         length = int.from_bytes(data[:3], "big")
@@ -450,7 +447,7 @@ async def test_a_client_resetting_streams_in_a_flood_is_cut_off_alone(
     assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     assert b"resets in 10 s" in (goaway.additional_data or b"")
     async with grpc.aio.insecure_channel(address) as ch:  # everyone else is served
-        assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"calm", timeout=WAIT) == b"echo:calm"
+        assert await ch.unary_unary(f"/{SERVICE}/Unary")(b"calm", timeout=HANG) == b"echo:calm"
     await flood.close()
 
 
@@ -522,12 +519,12 @@ async def test_stop_does_not_wait_forever_for_a_client_that_never_reads(
     # response and status wait behind a window that never opens.
     stalled.call("Unary", _frame(b"big:50000"))
     await stalled.until(lambda e: isinstance(e, h2.events.DataReceived), ack_data=False)
-    await eventually(lambda: not server._tasks, WAIT, lambda: "the handler did not finish")
-    await asyncio.wait_for(server.stop(0.2), WAIT)
+    await eventually(lambda: not server._tasks, HANG, lambda: "the handler did not finish")
+    await asyncio.wait_for(server.stop(0.2), HANG)
     assert not server.connections or all(c.closed for c in server.connections)
     # The server ends the connection: what it still sends (GOAWAY, the stream's reset)
     # is followed by the end of the byte stream.
-    while await asyncio.wait_for(stalled.reader.read(1 << 16), WAIT):
+    while await asyncio.wait_for(stalled.reader.read(1 << 16), HANG):
         pass
     await stalled.close()
 
@@ -545,5 +542,5 @@ async def test_the_context_says_cancelled_only_for_a_reset_call(
         (held,) = conn.calls.values()
         assert not held.cancelled()
         call.cancel()
-        await asyncio.wait_for(handlers.cancelled.wait(), WAIT)
+        await asyncio.wait_for(handlers.cancelled.wait(), HANG)
         assert held.cancelled() and held.done()

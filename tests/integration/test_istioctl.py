@@ -28,7 +28,7 @@ from meshbridge.layers import protocol_layers
 from testkit import kubeapi
 from testkit.envoy import Envoy, envoy_binary
 from testkit.kubeapi import KubeAPIServer
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
 from tests.integration.test_grpc_port import _cert, _key_pem, _pem
 from tests.integration.test_xds_proxyless import Probe, start_backends, start_probe
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 ECHO = "echo.xdstest.svc.cluster.local:50051"
 ENVOY_ID = "sidecar~127.0.0.1~envoy-1.xdstest~xdstest.svc.cluster.local"
 GRPC_ID = "sidecar~127.0.0.1~grpc-1.xdstest~xdstest.svc.cluster.local"
-WAIT = 30.0
+WAIT = HANG
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 from testkit.recorders import ViewRecorder
 from testkit.serving import Apps
 from xds_api.service import XdsOptions
@@ -29,7 +29,7 @@ from xds_api.service import XdsOptions
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 LINKERD_METADATA = XdsOptions(endpoint_metadata="linkerd")
-WAIT = 15.0  # seconds for a write to reach the clients through a real API server
+WAIT = HANG  # a write reaching the clients through a real API server: waited for, never timed
 
 
 @pytest.fixture
@@ -207,13 +207,13 @@ async def test_an_api_outage_keeps_the_last_state_then_converges(
     view, _ = watch(app, objs.ns)
     kube_apiserver.stop_apiserver()
     try:
-        await eventually(lambda: app.source.stale, timeout=30)
+        await eventually(lambda: app.source.stale, timeout=HANG)
         assert served(view) == {"10.1.0.1"}  # proxies keep the last-known truth
     finally:
         kube_apiserver.start_apiserver()
     objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
-    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=40)
-    await eventually(lambda: not app.source.stale, timeout=30)
+    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=HANG)
+    await eventually(lambda: not app.source.stale, timeout=HANG)
 
 
 async def test_a_410_relist_sends_no_spurious_updates(
@@ -243,14 +243,14 @@ async def test_a_410_relist_sends_no_spurious_updates(
         kube_apiserver.start_apiserver()
     await eventually(lambda: all(w.relists > before[w.spec.kind] for w in source.watchers
                                  if w.spec.kind in ("Service", "EndpointSlice", "Pod")),
-                     timeout=40)
+                     timeout=HANG)
     assert rec.changes == []
     assert served(view) == {"10.1.0.1"}
     assert get.messages == messages  # no remove/add reached the Get stream
     # And the watches that follow the relist still deliver changes.
     objs.pod("web-2", "10.1.0.2", node)
     objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
-    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=20)
+    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=HANG)
     await eventually(lambda: addresses(get, target) == {"10.1.0.1", "10.1.0.2"}, WAIT)
     get_task.cancel()
     await asyncio.gather(get_task, return_exceptions=True)
@@ -373,7 +373,7 @@ async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_tru
         tasks = [asyncio.create_task(c.run()) for c in clients]
         churning = asyncio.create_task(churn())
         try:
-            await eventually(lambda: writes >= 20, timeout=30)
+            await eventually(lambda: writes >= 20, timeout=HANG)
             before = {w.spec.kind: w.relists for w in source.watchers}
             # In threads, so that the churn (and meshbridge) run on meanwhile.
             await asyncio.to_thread(kube_apiserver.stop_apiserver)
@@ -386,10 +386,10 @@ async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_tru
                                          if w.spec.kind in ("EndpointSlice", "Pod")),
                              timeout=60)
             after_relist = writes
-            await eventually(lambda: writes >= after_relist + 20, timeout=30)
+            await eventually(lambda: writes >= after_relist + 20, timeout=HANG)
             await asyncio.to_thread(kube_apiserver.stop_apiserver)
             try:
-                await eventually(lambda: source.stale, timeout=30)
+                await eventually(lambda: source.stale, timeout=HANG)
             finally:
                 await asyncio.to_thread(kube_apiserver.start_apiserver)
             after_outage = writes

@@ -21,7 +21,7 @@ from bridge.sources.kube import KINDS, KindWatcher
 from bridge.sources.kube_api import ApiClient, load_credentials
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
-from testkit.polling import eventually_sync
+from testkit.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -164,7 +164,7 @@ def test_a_pod_is_kept_as_far_as_it_is_read(api: Api, kube_apiserver: KubeAPISer
                                             running: Callable[..., Any]) -> None:
     api.pod("web-1", "10.3.0.1", LINKERD2_PROXY_LOG="debug")
     w, seen = running("Pod")
-    eventually_sync(lambda: w.synced, 30)
+    eventually_sync(lambda: w.synced, HANG)
     (pod,) = mine(seen[0][2], api.ns)
     assert isinstance(pod, Pod)
     # The annotations read (config.linkerd.io/*), the proxy's listen addresses, no other
@@ -186,7 +186,7 @@ def test_a_pod_is_kept_as_far_as_it_is_read(api: Api, kube_apiserver: KubeAPISer
         return next((i[1].obj for i in seen if i[0] == "event" and i[1].obj.pod_ips
                      and i[1].obj.meta.name == "web-2"), None)
 
-    eventually_sync(lambda: web2() is not None, 30)
+    eventually_sync(lambda: web2() is not None, HANG)
     other = web2()
     assert other is not None
     assert other.meta.labels is pod.meta.labels and other.meta.owners is pod.meta.owners
@@ -198,7 +198,7 @@ def test_the_state_is_streamed_and_changes_follow_on_the_same_watch(
     for i in range(5):
         api.pod(f"web-{i}", f"10.3.1.{i + 1}")
     w, seen = running("Pod")
-    eventually_sync(lambda: w.synced, 30)
+    eventually_sync(lambda: w.synced, HANG)
     assert w.watch_list is True and w.relists == 1
     assert [item[0] for item in seen] == ["replace"]
     assert {p.meta.name for p in mine(seen[0][2], api.ns)} == {f"web-{i}" for i in range(5)}

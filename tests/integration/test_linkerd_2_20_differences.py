@@ -22,13 +22,13 @@ from meshbridge.app import App
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
 from testkit.linkerd import Stream, channel_to
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 from testkit.serving import Apps
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 AppFactory = Any
-WAIT = 15.0
+WAIT = HANG
 
 
 @pytest.fixture

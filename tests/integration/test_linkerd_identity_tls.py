@@ -25,6 +25,7 @@ from linkerd_api.identity import IdentityOptions, IdentityService
 from linkerd_api.proto import identity_pb2
 from meshbridge.app import App, TlsFiles
 from testkit.linkerd import Stream
+from testkit.polling import HANG
 from testkit.serving import Apps
 from tests.integration.test_linkerd_identity import CERTIFY, TOKENS, WEB, csr_for
 
@@ -82,7 +83,7 @@ async def certify_over(ch: grpc.aio.Channel, key: ec.EllipticCurvePrivateKey,
                           response_deserializer=identity_pb2.CertifyResponse.FromString)
     response = await call(identity_pb2.CertifyRequest(
         identity=WEB, token=b"web-token", certificate_signing_request=csr_for(WEB, key)),
-        timeout=10)
+        timeout=HANG)
     assert isinstance(response, identity_pb2.CertifyResponse)
     return response
 

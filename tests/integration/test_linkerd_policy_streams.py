@@ -13,14 +13,14 @@ from typing import Any
 from meshbridge.app import App
 from testkit.linkerd import channel_to
 from testkit.linkerd_policy import CLIENT, watch_addr, watch_port
-from testkit.polling import eventually
+from testkit.polling import HANG, eventually
 
 AppFactory = Any
 
 
 def streams(app: App) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}/debug/streams",
-                                timeout=3) as r:
+                                timeout=HANG) as r:
         listed: list[dict[str, Any]] = json.loads(r.read())
         return listed
 

@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshbridge import exposition
+from testkit.polling import HANG
 
 # Counters as the upstream sources name them (read from linkerd/linkerd2
 # controller/api/destination and istio/istio pilot/pkg/xds, pilot/pkg/model).
@@ -30,7 +31,7 @@ OURS = {"meshbridge_destination_streams", "meshbridge_destination_requests_refus
 
 
 def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=HANG) as r:
         return str(r.read().decode())
 
 

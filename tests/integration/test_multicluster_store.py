@@ -230,7 +230,7 @@ async def test_an_unreachable_cluster_holds_ready_only_until_the_timeout_then_sy
                              and lc.state == "unreachable", WAIT)
             assert s.store.ready() == ["east"]
             # sync_timeout is 2 s here (30 s by default): then ready, without east.
-            await eventually(lambda: s.store.ready() == [], 10.0)
+            await eventually(lambda: s.store.ready() == [])
             lc = s.store.get("east")
             assert lc is not None
             await eventually(lambda: lc.failures >= 3, WAIT, "the access check was not retried")

@@ -35,7 +35,7 @@ from testkit import polling
 from testkit.envoy import envoy_binary
 from testkit.linkerd import Stream
 from testkit.net import free_port, http_text, ready
-from testkit.polling import eventually_seen, eventually_sync
+from testkit.polling import HANG, eventually_seen, eventually_sync
 from testkit.processes import running
 from tests.conftest import AppFactory
 from tests.integration.test_linkerd_identity_tls import (
@@ -182,7 +182,7 @@ def test_envoy_with_the_pages_bootstrap_gets_all_four_types_and_its_node_reaches
                     # EDS: Envoy counts a cluster's updates under its stat name
                     and f"cluster.{WEB.replace(':', '_')}.update_success" in success
                     and bool(web_hosts(admin, WEB)))
-        eventually_sync(every_type_accepted, 20,
+        eventually_sync(every_type_accepted, HANG,
                         lambda: f"CDS, LDS, RDS and EDS accepted: {update_stats(admin)}")
         rejected = {k: v for k, v in update_stats(admin).items()
                     if k.endswith("update_rejected") and v}
@@ -263,7 +263,7 @@ async def test_an_app_sending_to_the_pages_outbound_listener_reaches_the_service
                     return False
                 seen[who] = seen.get(who, 0) + 1
                 return set(seen) == set(ips)
-            await polling.eventually(both, 20, lambda: f"both endpoints answer: {seen}")
+            await polling.eventually(both, HANG, lambda: f"both endpoints answer: {seen}")
     finally:
         for s in servers:
             s.close()
@@ -303,7 +303,7 @@ async def test_grpc_with_the_pages_bootstrap_and_target_reaches_the_services_bac
                 got = await probe.call(20)
                 return set(got["backends"]) == {"127.0.0.2", "127.0.0.3"} \
                     and not got["errors"], got
-            await eventually_seen(both, 30.0, "RPCs reaching both backends", period=0)
+            await eventually_seen(both, HANG, "RPCs reaching both backends", period=0)
             node_id = f"{values['POD_NAME']}.{values['POD_NAMESPACE']}"
             [stream] = [s for s in app.streams.all() if s.client == node_id]
             assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]

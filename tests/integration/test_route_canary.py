@@ -34,7 +34,7 @@ from linkerd_api.service import LinkerdOptions
 from meshbridge.app import App
 from testkit import linkerd_policy as policy_client
 from testkit.linkerd import Stream
-from testkit.polling import eventually, eventually_seen
+from testkit.polling import HANG, eventually, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.test_proxy_docs import (
     outbound_envoy,
@@ -96,7 +96,7 @@ async def test_a_real_envoy_splits_the_demo_canary_90_10(tmp_path: Path,
         with outbound_envoy(app.grpc_port, tmp_path) as outbound:
             def count(n: int) -> dict[str, int]:
                 seen: dict[str, int] = {}
-                conn = http.client.HTTPConnection("127.0.0.1", outbound, timeout=10)
+                conn = http.client.HTTPConnection("127.0.0.1", outbound, timeout=HANG)
                 try:
                     for _ in range(n):
                         conn.request("GET", "/")
@@ -114,7 +114,7 @@ async def test_a_real_envoy_splits_the_demo_canary_90_10(tmp_path: Path,
                 except OSError:
                     return False
                 return set(got) == {WEB_IP, CANARY_IP}
-            await eventually(both, 30, "requests through Envoy reach web and the canary")
+            await eventually(both, HANG, "requests through Envoy reach web and the canary")
             seen = await asyncio.to_thread(count, N)
         assert set(seen) == {WEB_IP, CANARY_IP}, seen
         assert within_bound(seen[CANARY_IP]), seen
@@ -138,7 +138,7 @@ async def test_a_proxyless_grpc_client_splits_the_demo_canary_90_10(
         async def both() -> tuple[bool, Any]:
             got = await probe.call(50)
             return set(got["backends"]) == {WEB_IP, CANARY_IP} and not got["errors"], got
-        await eventually_seen(both, 30.0, "RPCs reaching web and the canary", period=0)
+        await eventually_seen(both, HANG, "RPCs reaching web and the canary", period=0)
         got = await probe.call(N)
         assert not got["errors"], got
         assert within_bound(got["backends"].get(CANARY_IP, 0)), got

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from meshbridge.app import App
+from testkit.polling import HANG
 from tests.conftest import AppFactory
 
 # web's ServiceProfile routes it (Routes §7): its catch-all, after its two routes.
@@ -21,7 +22,7 @@ async def cli(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meshbridge.cli", *args, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    out, err = await asyncio.wait_for(proc.communicate(), 2 * HANG)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
@@ -31,14 +32,14 @@ async def test_policy_and_rds_print_the_same_route_table(demo_dir: Path,
     app: App = await make_app(demo_dir)
     server = f"127.0.0.1:{app.grpc_port}"
     code, policy, err = await cli("policy", "web.emojivoto:80", "--server", server,
-                                  "--count", "1", "--timeout", "20")
+                                  "--count", "1", "--timeout", "60")
     assert code == 0, err
     assert policy.splitlines()[0] == (
         "policy web.emojivoto.svc.cluster.local:80 (detect (http1, http2)):")
     assert CANARY_ROW in policy
     for client in ("envoy", "grpc"):
         code, rds, err = await cli("xds", "web.emojivoto:80", "--type", "rds", "--server",
-                                   server, "--count", "1", "--timeout", "20",
+                                   server, "--count", "1", "--timeout", "60",
                                    "--node-metadata", f"meshbridge.io/client={client}")
         assert code == 0, err
         assert CANARY_ROW in rds
@@ -68,7 +69,7 @@ async def test_debug_endpoints_shows_the_routes_of_each_client_kind_side_by_side
     def fetch(authority: str, fmt: str) -> str:
         url = (f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={authority}"
                f"&format={fmt}")
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(url, timeout=HANG) as resp:
             return str(resp.read().decode())
 
     async def get(authority: str, fmt: str = "json") -> str:

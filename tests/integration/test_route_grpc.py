@@ -5,7 +5,8 @@ the client NACKs nothing it was sent (Routes §1-3, xDS §3.8).
 
 `web` is a server on 127.0.0.2 and `web-v2` one on 127.0.0.3; each answers
 /meshbridge.test.Echo/Who with its address, fails every other Flaky call with
-UNAVAILABLE, and takes 30 s to answer Slow.
+UNAVAILABLE, and never answers Slow (the call waits until the servers stop), so that
+only a timeout can end it: the route's, well before the probe's own deadline.
 
 The route's timeout is route-wide (an annotation), so fast calls carry it too. grpc
 C-core (grpcio 1.85.3 here) starts a service-config timeout 1 to 2 s before the call
@@ -26,14 +27,14 @@ from typing import Any
 import grpc
 
 from meshbridge.app import App
-from testkit.polling import eventually_seen
+from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
+from tests.integration.grpc_xds_probe import APP_TIMEOUT_S
 from tests.integration.test_route_canary import NS, WEB
 from tests.integration.test_xds_proxyless import Probe, start_probe
 from tests.integration.xds_helpers import Manifests, service_with_addresses
 
 WEB_IP, V2_IP = "127.0.0.2", "127.0.0.3"
-APP_TIMEOUT_S = 10  # the probe's own deadline for each call
 
 
 def echo_route(timeout: str) -> dict[str, Any]:
@@ -60,6 +61,7 @@ class Servers:
         self.flaky = 0
         self.who = 0  # calls that reached a server
         self.slow = 0
+        self.stopping = asyncio.Event()  # what a Slow call waits for
 
     async def start(self) -> None:
         for _ in range(10):
@@ -69,6 +71,7 @@ class Servers:
                 return
             except (OSError, RuntimeError):
                 await self.stop()
+                self.stopping.clear()  # the next attempt's servers are running
                 self.port = 0
         raise RuntimeError("no port free on both addresses")
 
@@ -87,7 +90,7 @@ class Servers:
 
         async def slow(_req: bytes, _ctx: Any) -> bytes:
             self.slow += 1
-            await asyncio.sleep(30)
+            await self.stopping.wait()
             return ip.encode()
 
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
@@ -103,6 +106,7 @@ class Servers:
         self.servers.append(server)
 
     async def stop(self) -> None:
+        self.stopping.set()
         for s in self.servers:
             await s.stop(None)
         self.servers = []
@@ -134,15 +138,15 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
         async def routed() -> tuple[bool, Any]:
             got = await probe.call(5)
             return got["backends"] == {WEB_IP: 5}, got
-        await eventually_seen(routed, 30.0, "calls reaching web", period=0)
+        await eventually_seen(routed, HANG, "calls reaching web", period=0)
         # The header-matched rule reaches web-v2; without the header, web.
         assert await probe.call(20, "Who", "x-version=v2") == {
             "backends": {V2_IP: 20}, "errors": {}}
         # Every other Flaky call fails UNAVAILABLE: the retry makes every call succeed.
         assert await probe.call(10, "Flaky") == {"backends": {WEB_IP: 10}, "errors": {}}
         assert servers.flaky == 20
-        # max_stream_duration ends a call the backend takes 30 s to answer, after the
-        # call reached it and before the call's own 10 s deadline.
+        # max_stream_duration ends a call the backend never answers, after the call
+        # reached it and before the call's own deadline.
         slow = await probe.call(1, "Slow", timed=True)
         assert (slow["backends"], slow["errors"]) == ({}, {"DEADLINE_EXCEEDED": 1}), slow
         assert servers.slow == 1 and slow["seconds"] < APP_TIMEOUT_S, slow
@@ -160,7 +164,7 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
         async def failing() -> tuple[bool, Any]:
             got = await probe.call(1)
             return got["errors"] == {"DEADLINE_EXCEEDED": 1}, got
-        await eventually_seen(failing, 30.0, "the 300 ms timeout reaching grpc", period=0)
+        await eventually_seen(failing, HANG, "the 300 ms timeout reaching grpc", period=0)
         reached = servers.who
         assert await probe.call(5) == {"backends": {}, "errors": {"DEADLINE_EXCEEDED": 5}}
         assert servers.who == reached

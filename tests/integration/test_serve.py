@@ -12,6 +12,7 @@ import pytest
 
 from meshbridge import cli
 from testkit.net import free_port, http_get, ready
+from testkit.polling import HANG
 from testkit.processes import running, stop
 
 
@@ -32,7 +33,7 @@ def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> Non
         code, metrics = http_get(f"http://127.0.0.1:{admin_port}/metrics")
         assert code == 200 and "process_resident_memory_bytes" in metrics
         assert http_get(f"http://127.0.0.1:{admin_port}/nope")[0] == 404
-        with socket.create_connection(("127.0.0.1", grpc_port), timeout=2):
+        with socket.create_connection(("127.0.0.1", grpc_port), timeout=HANG):
             pass
         out = stop(proc)
     assert proc.returncode == 0

@@ -113,7 +113,7 @@ async def test_a_live_change_on_one_side_converges_then_agrees(
     targets = tmp_path / "targets"
     targets.write_text(f"{BILLING}\n{WEB}\n")
     run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs),
-                    "--targets", str(targets), "--grace", "5")
+                    "--targets", str(targets), "--grace", "30")
     await run.until(lambda: (s := run.settled()) and not non_equal(s), "both equal")
 
     plant_extra_endpoint(demo_dir)
@@ -123,9 +123,11 @@ async def test_a_live_change_on_one_side_converges_then_agrees(
     agreed = await run.until(
         lambda: [e for e in run.events(BILLING) if e.get("time_to_agree_ms")],
         "theirs caught up")
-    # The grace (5 s) never ran out: the disagreement was never reported as one.
+    # The grace never ran out: the disagreement was never reported as one. (It is long
+    # so that a loaded machine's slow second edit cannot outlast it; waiting for the
+    # agreement ends the wait as soon as it comes.)
     assert [e["status"] for e in run.events(BILLING)] == ["equal", "converging", "equal"]
-    assert 0 < agreed[0]["time_to_agree_ms"] < 5000
+    assert 0 < agreed[0]["time_to_agree_ms"] < 30_000
     rc, summary = await run.finish()
     assert rc == 0
     assert summary["ok"] is True

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from meshbridge.app import App
-from testkit.polling import eventually_seen
+from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import DEMO, Manifests
 from xds_api.service import XdsOptions
@@ -24,7 +24,7 @@ CATALOG = "catalog.shop.svc.cluster.local:80"
 
 def endpoints_page(app: App, authority: str) -> dict[str, Any]:
     url = f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={authority}&format=json"
-    with urllib.request.urlopen(url, timeout=5) as resp:
+    with urllib.request.urlopen(url, timeout=HANG) as resp:
         page: dict[str, Any] = json.loads(resp.read())
     return page
 
@@ -66,4 +66,4 @@ async def test_every_demo_target_is_one_truth_for_both_protocols(
         page = await same_truth(app, CATALOG)
         eps = set(page["protocols"]["xds"]["endpoints"])
         return "10.244.2.21:8080" not in eps and len(eps) == 5, sorted(eps)
-    await eventually_seen(moved, 5.0, "catalog without 10.244.2.21 on both sides")
+    await eventually_seen(moved, HANG, "catalog without 10.244.2.21 on both sides")

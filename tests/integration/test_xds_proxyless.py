@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from meshbridge.app import App
-from testkit.polling import eventually_seen
+from testkit.polling import HANG, eventually, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import Manifests, service_with_addresses
 
@@ -120,19 +120,29 @@ async def test_proxyless_grpc_reaches_both_backends_then_only_the_one_left(
         async def both() -> tuple[bool, Any]:
             got = await probe.call(20)
             return set(got["backends"]) == set(BACKENDS) and not got["errors"], got
-        await eventually_seen(both, 30.0, "RPCs reaching both backends", period=0)
+        await eventually_seen(both, HANG, "RPCs reaching both backends", period=0)
 
+        [stream] = [s for s in app.streams.all() if s.client == "proxyless-probe"]
+        eds = stream.types["eds"]
+        before = eds.last_sent_version
         edits.remove_endpoint("echo.yaml", "xdstest", "echo-1", "127.0.0.3")
+        # The client took the new assignment: meshbridge sent it and grpc ACKed it.
+        # grpc swaps its picker just after the ACK, so a few RPCs may still go to
+        # 127.0.0.3; a hundred in a row to 127.0.0.2 say the picker changed (with both
+        # backends still held, that happens by chance one time in 2**100).
+        await eventually(
+            lambda: eds.last_sent_version != before
+            and eds.last_ack_version == eds.last_sent_version, HANG,
+            "an ACKed EDS response after the edit")
 
         async def only_two() -> tuple[bool, Any]:
-            got = await probe.call(10)
-            return got["backends"] == {"127.0.0.2": 10}, got
-        await eventually_seen(only_two, 10.0, "RPCs reaching only 127.0.0.2", period=0)
+            got = await probe.call(100)
+            return got["backends"] == {"127.0.0.2": 100}, got
+        await eventually_seen(only_two, HANG, "RPCs reaching only 127.0.0.2", period=0)
         # From then on every RPC reaches the backend that is left.
         assert await probe.call(100) == {"backends": {"127.0.0.2": 100}, "errors": {}}
 
         # One ADS stream carried all four types, named explicitly, each ACKed.
-        [stream] = [s for s in app.streams.all() if s.client == "proxyless-probe"]
         assert stream.protocol == "xds-sotw"
         assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]
         for state in stream.types.values():

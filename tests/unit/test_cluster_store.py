@@ -5,12 +5,14 @@ unlinked, its cache emptied (or kept, Linkerd 2.20's way); a bad flag logged onc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import prometheus_client
 import structlog
 
 from bridge.cluster import Cluster
+from bridge.model import ClusterIdentity
 from bridge.multicluster.links import Link
 from bridge.multicluster.store import ClusterStore
 from testkit.polling import eventually
@@ -46,14 +48,18 @@ async def test_a_flag_link_is_linked_replaced_and_unlinked(tmp_path: Path) -> No
                          and lc.state == "synced", 10)
         lc = store.get("east")
         assert lc is not None and len(lc.cluster.services) == 2
+        assert lc.cluster.identity == ClusterIdentity("east", "cluster.local", "east.local")
         assert registry.get_sample_value("cluster_store_size") == 1
         assert registry.get_sample_value("service_cache_size", {"cluster": "east"}) == 2
         assert registry.get_sample_value("meshbridge_cluster_sync_state",
                                          {"cluster": "east", "state": "synced"}) == 1
-        # Another folder: the link changes; its cache follows the new source.
-        store.set_flag_links([dev_link("east", folder(tmp_path, "east2", "baz"))])
+        # Another folder and trust domain: the link changes; its cache and identity
+        # follow the new source.
+        store.set_flag_links([dataclasses.replace(
+            dev_link("east", folder(tmp_path, "east2", "baz")), trust_domain="east2.local")])
         await eventually(lambda: {k.name for k in lc.cluster.services} == {"baz"}, 10)
         assert store.get("east") is lc
+        assert lc.cluster.identity.trust_domain == "east2.local"
         store.set_flag_links([])
         assert store.get("east") is None and lc.cluster.services == {}
         assert registry.get_sample_value("cluster_store_size") == 0

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import random
 import struct
+from typing import Any
 
 import pytest
 
 from bridge.decoding import SharedRaw
-from bridge.objects import Pod, decode_object
+from bridge.objects import Pod, Service, decode_object
 from bridge.sources import kube_wire
 from bridge.sources.kube import newest_update_time
 from bridge.sources.kube_proto import MESSAGES
@@ -99,6 +100,35 @@ def test_a_protobuf_pod_decodes_to_what_its_json_decodes_to() -> None:
         "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.1"}]}}
     assert decode_object(raw, kind="Pod") == decode_object(from_json, kind="Pod")
     assert newest_update_time(raw) == newest_update_time(from_json) == 1_700_000_000
+
+
+def test_a_protobuf_service_decodes_with_its_selector_as_its_json_does() -> None:
+    entry = MESSAGES["StringEntry"]
+    svc = MESSAGES["Service"]()
+    svc.metadata.name, svc.metadata.namespace, svc.metadata.resourceVersion = "web", "app", "3"
+    svc.spec.selector.extend(entry(key=k, value=v).SerializeToString()
+                             for k, v in (("app", "web"), ("tier", "front")))
+    svc.spec.ports.add(name="http", port=80, protocol="TCP")
+    svc.spec.clusterIP = "10.96.0.7"
+    svc.spec.clusterIPs.append("10.96.0.7")
+    (_, raw), = kube_wire.watch_events("Service", [frame("ADDED", "Service", svc)],
+                                       kube_wire.PROTOBUF)
+    spec: dict[str, Any] = {
+        "selector": {"app": "web", "tier": "front"}, "clusterIP": "10.96.0.7",
+        "clusterIPs": ["10.96.0.7"], "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    meta = {"name": "web", "namespace": "app", "resourceVersion": "3"}
+    from_json = {"metadata": meta, "spec": spec}
+    decoded = decode_object(raw, kind="Service")
+    assert decoded == decode_object(from_json, kind="Service")
+    assert isinstance(decoded, Service) and decoded.selector == {"app": "web", "tier": "front"}
+    # No selector and an empty one read alike (protobuf has no empty map).
+    del svc.spec.selector[:]
+    (_, raw), = kube_wire.watch_events("Service", [frame("ADDED", "Service", svc)],
+                                       kube_wire.PROTOBUF)
+    empties: tuple[dict[str, str] | None, ...] = ({}, None)
+    for empty in empties:
+        plain = {"metadata": meta, "spec": {**spec, "selector": empty}}
+        assert decode_object(raw, kind="Service") == decode_object(plain, kind="Service")
 
 
 def test_a_part_many_pods_share_is_read_and_decoded_once() -> None:
