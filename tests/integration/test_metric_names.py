@@ -21,7 +21,8 @@ LINKERD = {"endpoint_updates_queue_overflow", "profile_updates_queue_overflow",
 ISTIO = {"pilot_xds_pushes", "pilot_total_xds_rejects", "pilot_xds_expired_nonce",
          "pilot_xds_write_timeout"}
 # Gauges and histograms keep their names in every client library.
-LINKERD_OTHERS = {"endpoints_subscribers", "endpoints_pods", "endpoints_exists"}
+LINKERD_OTHERS = {"endpoints_subscribers", "endpoints_pods", "endpoints_exists",
+                  "cluster_store_size"}  # the last: linked clusters (docs/metrics.md)
 ISTIO_OTHERS = {"pilot_xds"}
 # The issuer-lifetime gauge of Linkerd's identity controller (docs/linkerd.md).
 LINKERD_IDENTITY = {"issuer_cert_ttl_seconds"}
