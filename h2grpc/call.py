@@ -15,7 +15,7 @@ import contextlib
 import inspect
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import structlog
@@ -38,6 +38,20 @@ UNIMPLEMENTED_WAIT = 1.0
 # Messages a handler may leave unread before its stream's window stops being given
 # back on receipt.
 INBOX_SLACK = 16
+DoneCallbacks = Callable[[Any], None] | list[Callable[[Any], None]] | None
+# The last message framed, and its frame: one message object written to many streams
+# (a response a fan-out shares, xds_api.shared_responses) is framed once.
+_LAST_FRAMED: list[bytes] = [b"", GRPC_PREFIX.pack(0, 0)]
+
+
+class DetachedHandler(Protocol):
+    """What a detached call's messages and end go to (ServerCall.detach)."""
+
+    def __call__(self, message: Any) -> bool:
+        """One request message; True when the handler reads no more."""
+
+    def on_done(self) -> None:
+        """The call ended from outside (or the handler said it reads no more)."""
 
 
 class _Details:
@@ -73,11 +87,14 @@ class ServerCall:
         "_code",
         "_deadline",
         "_deserializer",
+        "_detach_over",
         "_details",
+        "_done_callbacks",
         "_drained",
         "_encoding",
         "_inbox",
         "_metadata",
+        "_on_done",
         "_on_message",
         "_one_request",
         "_rbuf",
@@ -85,6 +102,7 @@ class ServerCall:
         "_requests_seen",
         "_serializer",
         "conn",
+        "detached",
         "ended",
         "expired",
         "headers_sent",
@@ -124,6 +142,12 @@ class ServerCall:
         self._deserializer: Callable[[bytes], Any] | None = None
         self._one_request = False  # known once the handler is: a unary request
         self._requests_seen = 0
+        # A handler that went on in callbacks (`detach`): its task is over, the call
+        # is not; `_on_done` is told once when the call ends from outside.
+        self.detached = False
+        self._detach_over = False
+        self._on_done: DetachedHandler | None = None
+        self._done_callbacks: DoneCallbacks = None
 
     # ------------------------------------------------------------ ServicerContext
 
@@ -195,6 +219,75 @@ class ServerCall:
             self._reader = None
             self._on_message = None
 
+    def detach(self, handler: DetachedHandler) -> None:
+        """Go on without a task (h2grpc's own; grpc.aio has no such call): once the
+        handler returns, the call stays open. Every request message goes to
+        `handler(message)` in the callback that received it (as `read_into`'s), and
+        `handler.on_done()` is called once when the call ends from outside: the
+        client sent its last message (or `handler` returned True), the stream was
+        reset or the connection is gone, or the deadline passed. The handler ends
+        the call with `end` (or `cancel`). An idle stream then holds no task, no
+        coroutine frames and no future: a few hundred bytes, not a few thousand."""
+        self.detached = True
+        self._on_done = handler
+        self.conn.call_detached(self)
+        inbox, self._inbox = self._inbox or [], None
+        self._on_message = handler
+        for message in inbox:  # what came before the handler started reading
+            self._deliver_to(handler, message)
+        if self.remote_closed or self.ended:
+            self._call_on_done()
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        """`callback(self)` once a detached call has ended (as grpc.aio's context has)."""
+        known = self._done_callbacks
+        # One is the usual (the interceptor's): no list for it.
+        self._done_callbacks = callback if known is None else [
+            *(known if isinstance(known, list) else [known]), callback]
+
+    def end(self, code: grpc.StatusCode = grpc.StatusCode.OK, details: str = "") -> None:
+        """End a detached call with this status (trailers after its unsent data)."""
+        if not self.ended:
+            self._code = code
+            self._details = details
+            self.conn.finish(self, code, details)
+        if self.detached:
+            self._detached_over()
+
+    def cancel(self) -> None:
+        """Abandon a detached call: RST_STREAM(CANCEL)."""
+        if not self.ended:
+            self.conn.reset(self)
+        if self.detached:
+            self._detached_over()
+
+    def _call_on_done(self) -> None:
+        handler, self._on_done = self._on_done, None
+        self._on_message = _drop
+        if handler is not None:
+            handler.on_done()
+        if not self.ended:  # the handler's on_done did not say: the call is over, OK
+            self.end()
+        self._detached_over()
+
+    def _detached_over(self) -> None:
+        if self._detach_over:
+            return
+        self._detach_over = True
+        self._on_done = None
+        self._on_message = None  # the handler's callbacks: no cycle back to the call
+        self.stop_deadline()
+        callbacks, self._done_callbacks = self._done_callbacks, None
+        for callback in callbacks if isinstance(callbacks, list) else (callbacks,):
+            if callback is not None:
+                callback(self)
+        self.conn.detached_done(self)
+
+    @property
+    def detached_open(self) -> bool:
+        """Detached, and not over yet: the handler's callbacks still serve the call."""
+        return self.detached and not self._detach_over
+
     def _take(self, on_message: Callable[[Any], bool], message: bytes) -> bool:
         return on_message(message if self._deserializer is None
                           else self._deserializer(message))
@@ -205,11 +298,16 @@ class ServerCall:
             finished = self._take(on_message, message)
         except Exception as e:  # the handler's to report: it is raised in read_into
             self._on_message = _drop
-            if done is not None and not done.done():
+            if self.detached:
+                log.exception("grpc handler failed", method=self.method, peer=self.conn.peer)
+                self.end(grpc.StatusCode.UNKNOWN, f"Unexpected {type(e)}: {e}")
+            elif done is not None and not done.done():
                 done.set_exception(e)
             return
         if finished:
             self._on_message = _drop
+            if self.detached:
+                self._call_on_done()
             self._wake_reader()
 
     async def write(self, message: Any) -> None:
@@ -228,7 +326,13 @@ class ServerCall:
     def _send(self, data: bytes) -> None:
         if self.ended:
             raise grpc.aio.UsageError("write on an RPC that has ended")
-        self.conn.send_message(self, GRPC_PREFIX.pack(0, len(data)) + data)
+        last = _LAST_FRAMED
+        if data is last[0]:
+            framed = last[1]
+        else:
+            framed = last[1] = GRPC_PREFIX.pack(0, len(data)) + data
+            last[0] = data
+        self.conn.send_message(self, framed)
 
     def _held_back(self) -> bool:
         """A writer must wait: too much is unsent, or the socket is paused."""
@@ -306,6 +410,8 @@ class ServerCall:
     def remote_end(self) -> None:
         self.remote_closed = True
         self._wake_reader()
+        if self._on_done is not None:
+            self._call_on_done()
 
     def fail(self, code: grpc.StatusCode, details: str) -> None:
         """End the call from the transport side (bad request data): status, then stop."""
@@ -341,12 +447,16 @@ class ServerCall:
     def _expire(self) -> None:
         if not self.ended:
             self.expired = True
+            if self._on_done is not None:
+                self.conn.finish(self, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
             self._stop_task()
 
     def _stop_task(self) -> None:
         task = self.task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
+        elif self._on_done is not None:
+            self._call_on_done()
 
     def _wake_reader(self) -> None:
         waiter = self._reader
@@ -405,7 +515,7 @@ class ServerCall:
             self._deserializer = handler.request_deserializer
             self._one_request = not handler.request_streaming
             await self._drive(handler)
-            if not self.ended:
+            if not self.ended and not self.detached:
                 self.conn.finish(self, self._code or grpc.StatusCode.OK, self._details)
         except grpc.aio.AbortError:
             pass  # the status went out with the abort
@@ -420,13 +530,14 @@ class ServerCall:
                 self.conn.finish(self, grpc.StatusCode.UNKNOWN,
                                  f"Unexpected {type(e)}: {e}")
         finally:
-            if self._deadline is not None:
+            if self._deadline is not None and not self.detached_open:
                 self._deadline.cancel()
 
     def task_finished(self, _task: asyncio.Task[None]) -> None:
         """The handler's task is over, however it ended: a task cancelled before it
         first ran never reaches `run`'s finally, so this is a done-callback."""
-        self.stop_deadline()
+        if not self.detached_open:
+            self.stop_deadline()
         self.conn.call_done(self)
 
     async def _drive(self, handler: grpc.RpcMethodHandler) -> None:

@@ -53,6 +53,8 @@ NOT_GRPC_HEADERS = f.literal(b":status", b"415") + f.literal(b"content-type",
 _PUMPING = 1  # a slice is done and the rest waits for the next loop turn
 _WRITES_BACKED_UP = 2  # the peer is not reading what we write
 
+_ReadRequest = tuple[str, tuple[tuple[str, str | bytes], ...], bytes, bytes, str | None]
+
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 # Status codes that do not count against the failed-request budget: a client's own
 # doing (cancel, its deadline), or counted when the request came (UNIMPLEMENTED).
@@ -187,22 +189,16 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------ core events
 
     def request_received(self, stream: H2Stream, request: Request, end_stream: bool) -> None:
-        content_type = timeout = b""
-        encoding: str | None = None
-        metadata: list[tuple[str, str | bytes]] = []
-        for name, value in request.fields:
-            if name == b"content-type":
-                content_type = value
-            elif name == b"grpc-timeout":
-                timeout = value
-            elif name == b"grpc-encoding":
-                encoding = value.decode("latin-1")
-            elif name.endswith(b"-bin"):
-                metadata.append((name.decode("latin-1"), _binary(value)))
-            else:
-                metadata.append((name.decode("latin-1"), value.decode("latin-1")))
-        call = ServerCall(self, stream, request.path.decode("latin-1"), tuple(metadata),
-                          encoding)
+        key: _RequestKey = (request.path, *request.fields)
+        known = _REQUESTS.get(key)
+        if known is None:
+            known = _read_request(request)
+            if sum(len(value) for _, value in request.fields) <= MAX_REQUEST_BYTES_KEPT:
+                if len(_REQUESTS) >= MAX_REQUESTS_KEPT:
+                    _REQUESTS.clear()
+                _REQUESTS[key] = known
+        path, metadata, content_type, timeout, encoding = known
+        call = ServerCall(self, stream, path, metadata, encoding)
         call.remote_closed = end_stream
         if request.method != b"POST" or not content_type.startswith(b"application/grpc"):
             self.junk_request()
@@ -325,11 +321,21 @@ class Connection(asyncio.Protocol):
             self._schedule()
 
     def call_done(self, call: ServerCall) -> None:
-        """The handler's task is over (the stream may still be flushing its end)."""
-        if not call.ended:
+        """The handler's task is over (the stream may still be flushing its end); a
+        detached call goes on in its handler's callbacks (ServerCall.detach)."""
+        if not call.ended and not call.detached_open:
             self.reset(call)
         self.server.call_done(call)
         call.task = None  # a task that ended in an exception refers back to the call
+        if self.core.going_away and not self.core.streams:
+            self._close()
+
+    def call_detached(self, call: ServerCall) -> None:
+        self.server.call_detached(call)
+
+    def detached_done(self, call: ServerCall) -> None:
+        """A detached call is over."""
+        self.server.detached_done(call)
         if self.core.going_away and not self.core.streams:
             self._close()
 
@@ -492,6 +498,34 @@ class Connection(asyncio.Protocol):
 
     def _expire(self, reason: str, detail: str) -> None:
         self.core.close_with(f.NO_ERROR, reason, detail)
+
+
+# A request's method and metadata as calls keep them, by its header fields: the
+# clients of a fleet open thousands of streams with the same few header sets, and
+# each call then keeps the one decoded copy (bounded: cleared when full).
+_RequestKey = tuple[bytes | tuple[bytes, bytes], ...]
+_REQUESTS: dict[_RequestKey, _ReadRequest] = {}
+MAX_REQUESTS_KEPT = 1024
+MAX_REQUEST_BYTES_KEPT = 2048  # header values of a request kept, at most
+
+
+def _read_request(request: Request) -> _ReadRequest:
+    """(path, metadata, content-type, grpc-timeout, grpc-encoding) of a request."""
+    content_type = timeout = b""
+    encoding: str | None = None
+    metadata: list[tuple[str, str | bytes]] = []
+    for name, value in request.fields:
+        if name == b"content-type":
+            content_type = value
+        elif name == b"grpc-timeout":
+            timeout = value
+        elif name == b"grpc-encoding":
+            encoding = value.decode("latin-1")
+        elif name.endswith(b"-bin"):
+            metadata.append((name.decode("latin-1"), _binary(value)))
+        else:
+            metadata.append((name.decode("latin-1"), value.decode("latin-1")))
+    return request.path.decode("latin-1"), tuple(metadata), content_type, timeout, encoding
 
 
 def _unlink(stream: H2Stream) -> None:

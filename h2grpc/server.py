@@ -70,6 +70,9 @@ class Server:
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._servers: list[asyncio.Server] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        # Calls whose handlers go on in callbacks, without a task (ServerCall.detach):
+        # counted (their connections reach them), not kept.
+        self._detached = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._no_connections = asyncio.Event()
@@ -100,7 +103,7 @@ class Server:
             server.close()
         for conn in list(self.connections):
             conn.go_away()
-        if self._tasks and grace:
+        if (self._tasks or self._detached) and grace:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace)
         for task in list(self._tasks):
@@ -129,7 +132,18 @@ class Server:
     def call_done(self, call: ServerCall) -> None:
         if call.task is not None:
             self._tasks.discard(call.task)
-        if not self._tasks:
+        if not self._tasks and not self._detached:
+            self._idle.set()
+        if self.heap is not None and not call.detached:
+            self.heap.streams_ended()
+
+    def call_detached(self, _call: ServerCall) -> None:
+        self._detached += 1
+        self._idle.clear()
+
+    def detached_done(self, _call: ServerCall) -> None:
+        self._detached -= 1
+        if not self._tasks and not self._detached:
             self._idle.set()
         if self.heap is not None:
             self.heap.streams_ended()
@@ -162,7 +176,8 @@ class Server:
 
     @property
     def handler_tasks(self) -> int:
-        return len(self._tasks)
+        """Handlers running: a task each, or callbacks (a detached call)."""
+        return len(self._tasks) + self._detached
 
     # ------------------------------------------------------------ internals
 

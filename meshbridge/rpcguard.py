@@ -11,6 +11,7 @@ request iterator.
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -77,6 +78,8 @@ class _CountingContext:
             return self._write_nowait
         if name == "read_into":
             return self._read_into
+        if name == "detach":
+            return self._detach
         return found
 
     def _write_nowait(self, message: bytes) -> bool:
@@ -90,6 +93,9 @@ class _CountingContext:
         # held by every open stream.
         read_into: Callable[[Callable[[Any], bool]], Awaitable[None]] = self._inner.read_into
         return read_into(_CountedReader(on_message, self._method.msg_received))
+
+    def _detach(self, handler: Any) -> None:
+        self._inner.detach(_CountedReader(handler, self._method.msg_received))
 
     async def write(self, message: Any) -> None:
         await self._inner.write(message)
@@ -115,11 +121,31 @@ class _CountedReader:
         self._counter.inc()
         return self._on_message(message)
 
+    def on_done(self) -> None:
+        """A detached call's end (h2grpc's ServerCall.detach), passed on."""
+        self._on_message.on_done()  # type: ignore[attr-defined]
+
 
 async def _count_requests(requests: AsyncIterator[Any], method: _Method) -> AsyncIterator[Any]:
     async for request in requests:
         method.msg_received.inc()
         yield request
+
+
+class _Leave:
+    """RpcGuard._leave for a detached call, once it ends."""
+
+    __slots__ = ("_addr", "_counted", "_guard", "_start")
+
+    def __init__(self, guard: RpcGuard, addr: str, counted: _Method | None,
+                 start: float) -> None:
+        self._guard = guard
+        self._addr = addr
+        self._counted = counted
+        self._start = start
+
+    def __call__(self, context: grpc.aio.ServicerContext) -> None:
+        self._guard._leave(self._addr, self._counted, self._start, context, None)
 
 
 def _code_of(context: grpc.aio.ServicerContext, error: BaseException | None) -> str:
@@ -218,7 +244,12 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 error = e
                 raise
             finally:
-                self._leave(addr, counted, start, context, error)
+                if error is None and getattr(context, "detached_open", False):
+                    # The call goes on in callbacks (h2grpc's detach): it is left
+                    # when it ends.
+                    context.add_done_callback(_Leave(self, addr, counted, start))
+                else:
+                    self._leave(addr, counted, start, context, error)
                 error = None  # its traceback holds this frame: no cycle left behind
         return coro
 
@@ -228,7 +259,8 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             counted.started.inc()
         if not streaming:
             return ""
-        addr = peer_address(context.peer())
+        # One string per client address, however many streams it holds open.
+        addr = sys.intern(peer_address(context.peer()))
         if self.open.get(addr, 0) >= self.limit:
             self.refused += 1
             log.warning("stream refused: too many streams from one client", peer=addr,

@@ -29,6 +29,9 @@ WILDCARD_CAPABLE: Final = frozenset({CLUSTER, LISTENER})
 SHORT: Final = {CLUSTER: "cds", ENDPOINT: "eds", LB_ENDPOINT: "leds", LISTENER: "lds",
                 ROUTE: "rds"}
 BY_SHORT: Final = {v: k for k, v in SHORT.items()}
+# Each served type URL, as its own key: a request's copy looked up here is replaced by
+# this module's string.
+SERVED: Final = {t: t for t in SHORT}
 
 WILDCARD: Final = "*"
 

@@ -13,7 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -46,6 +46,7 @@ from xds_api.resources import (
 )
 from xds_api.route_config import ClientKind
 from xds_api.route_text import route_config_rows
+from xds_api.shared_responses import SharedResponses
 from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
@@ -227,6 +228,12 @@ class XdsService:
         # Streams with something to write, written in one callback at the end of this
         # loop turn (one change to 5,000 streams: one callback).
         self._due: list[StreamRunner] = []
+        # One nonce clock for the streams, ticked per write batch, so that the streams
+        # of a batch share their encoded responses (xds_api.shared_responses).
+        self.shared = SharedResponses()
+        # Plain ACKs by their bytes, per variant: the ACKs of one fan-out are thousands
+        # of equal small messages, each decoded once (XdsStream.ack_key).
+        self.acks: dict[str, dict[bytes, Hashable]] = {"sotw": {}, "delta": {}}
         self._sweeper: asyncio.Task[None] | None = None
 
     def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
@@ -253,14 +260,21 @@ class XdsService:
         runner = StreamRunner(self, stream_cls, ads, context)
         self.runners.add(runner)
         self.streams.add(runner.info)
-        gauge = self.metrics.streams[stream_cls.api]
-        gauge.inc()
+        self.metrics.streams[stream_cls.api].inc()
+        detach = getattr(context, "detach", None)
+        if detach is not None:
+            # The native server: the stream goes on in its callbacks, with no task.
+            runner.detach(detach)
+            return
         try:
             await runner.run(context)
         finally:
-            gauge.dec()
-            self.streams.remove(runner.info)
-            self.runners.discard(runner)
+            runner.close()
+
+    def stream_closed(self, runner: StreamRunner) -> None:
+        self.metrics.streams[runner.stream.api].dec()
+        self.streams.remove(runner.info)
+        self.runners.discard(runner)
 
     async def _fetch_endpoints(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         stream = SotwStream(self.cache, ads=False, metrics=self.metrics,
@@ -286,6 +300,7 @@ class XdsService:
 
     def _write_due(self) -> None:
         due, self._due = self._due, []
+        self.shared.tick()
         for runner in due:
             runner.write_now()
 
@@ -372,6 +387,10 @@ def decode(message: Any, raw: bytes, metrics: XdsMetrics) -> Any:
                          f"{e}") from None
 
 
+# ACKs remembered by their bytes: small ones only, and a bounded number of them
+# (cleared when full).
+MAX_ACK_BYTES = 1024
+MAX_ACKS_KEPT = 4096
 # How long a shutting-down stream waits for its write in progress to finish.
 SHUTDOWN_WRITE_GRACE = 2.0
 # How long a shutting-down stream waits for the client to answer its last response.
@@ -383,8 +402,23 @@ class StreamRunner:
     to send, a writer task. An idle stream has no writer and holds no response: with
     thousands of streams per process, what one idle stream costs is what matters."""
 
-    __slots__ = ("_context", "_cut_off", "_ending", "_message", "_nowait", "_scheduled",
-                 "_soon", "_task", "_writer", "info", "service", "stream", "write_started")
+    __slots__ = (
+        "_acks",
+        "_context",
+        "_cut_off",
+        "_detached",
+        "_ending",
+        "_message",
+        "_nowait",
+        "_scheduled",
+        "_soon",
+        "_task",
+        "_writer",
+        "info",
+        "service",
+        "stream",
+        "write_started",
+    )
 
     def __init__(self, service: XdsService,
                  stream_cls: type[SotwStream] | type[DeltaStream], ads: bool,
@@ -396,9 +430,10 @@ class StreamRunner:
         self.stream: XdsStream = stream_cls(
             service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
             max_names=service.max_names, peer=peer, info=self.info,
-            debug=service.debug.for_client(peer, certified))
+            debug=service.debug.for_client(peer, certified), shared=service.shared)
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
+        self._acks = service.acks[stream_cls.api]
         self._context = context
         # A write that takes the message now if the server can (never on grpc.aio);
         # when it cannot, a writer task awaits `context.write`.
@@ -409,6 +444,8 @@ class StreamRunner:
         self._task: asyncio.Task[Any] | None = None
         self._ending = False
         self._cut_off = False
+        # Served in the native server's callbacks (`detach`): no task of its own.
+        self._detached = False
         self.write_started: float | None = None
 
     def wake(self) -> None:
@@ -440,8 +477,15 @@ class StreamRunner:
                 responses.pop(0)
         except Exception as e:  # the call is broken: end the reader too
             log.debug("xds stream write failed", peer=self.stream.peer, error=repr(e))
-            if self._task is not None:
-                self._task.cancel()
+            self._break()
+
+    def _break(self) -> None:
+        """The call is broken: reset it (detached), or cancel its handler."""
+        if self._detached:
+            self.close()
+            self._context.cancel()
+        elif self._task is not None:
+            self._task.cancel()
 
     def end(self) -> None:
         """Server shutdown: end the stream with OK so the client reconnects. A client
@@ -449,22 +493,70 @@ class StreamRunner:
         written into a stream that has just ended, which some clients (grpc.aio's)
         report as an error instead of the OK they were sent."""
         self._ending = True
-        task = self._task
-        if task is None:
+        stop: Callable[[], object]
+        if self._detached:
+            stop = self._end_detached
+        elif self._task is not None:
+            stop = self._task.cancel
+        else:
             return
         if self.stream.awaiting_answer() and not self._cut_off:
-            asyncio.get_running_loop().call_later(SHUTDOWN_ANSWER_GRACE, task.cancel)
+            asyncio.get_running_loop().call_later(SHUTDOWN_ANSWER_GRACE, stop)
         else:
-            task.cancel()
+            stop()
 
     def cut_off(self) -> bool:
         """End a stream whose client stopped reading; False if already done."""
         if self._cut_off:
             return False
         self._cut_off = True
-        if self._task is not None:
+        if self._detached:
+            # The status queues behind the unread data (as the task's abort does).
+            self._end_detached(grpc.StatusCode.UNAVAILABLE,
+                               "stream cut off: the client stopped reading")
+        elif self._task is not None:
             self._task.cancel()
         return True
+
+    # ------------------------------------------------------------ detached (native)
+
+    def detach(self, detach: Any) -> None:
+        """Serve the stream in the server's callbacks: each request in the callback
+        that read it, the end when the server says (h2grpc's ServerCall.detach)."""
+        self._detached = True
+        detach(self)
+
+    def on_done(self) -> None:
+        """The call ended from outside: the client is done, or gone."""
+        self.close()
+
+    def __call__(self, raw: bytes) -> bool:
+        """A request of a detached stream, in the server's callback."""
+        try:
+            return self.receive(raw)
+        except StreamError as e:
+            log.info("xds stream refused", node=self.stream.node_id, peer=self.stream.peer,
+                     reason=str(e))
+            self._end_detached(*status_of(e))
+            return True
+
+    def _end_detached(self, code: grpc.StatusCode = grpc.StatusCode.OK,
+                      details: str = "") -> None:
+        self.close()
+        self._context.end(code, details)
+
+    def close(self) -> None:
+        """The stream is over: no writer, no watches, off the service's books."""
+        if self.stream.closed:
+            return
+        self._ending = True
+        writer = self._writer
+        if writer is not None and self._detached:
+            # What it handed the server is queued whole; what it had not is dropped
+            # (responses are computed when written: the client reconnects).
+            writer.cancel()
+        self.stream.close()
+        self.service.stream_closed(self)
 
     async def run(self, context: grpc.aio.ServicerContext) -> None:
         self._task = asyncio.current_task()
@@ -503,13 +595,22 @@ class StreamRunner:
                 # of the OK that tells it to reconnect elsewhere.
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(writer, SHUTDOWN_WRITE_GRACE)
-            self.stream.close()
 
     def receive(self, raw: bytes) -> bool:
         """One request, decoded and applied; True when the stream reads no more
         (shutting down, and the client has answered everything)."""
-        self.stream.handle(decode(self._message, raw, self.service.metrics))
-        return self._ending and not self.stream.awaiting_answer()
+        stream = self.stream
+        known = self._acks.get(raw)  # a request seen before, as ack_key has it
+        if known is None or not stream.take_ack(known):
+            req = decode(self._message, raw, self.service.metrics)
+            stream.handle(req)
+            if known is None and len(raw) <= MAX_ACK_BYTES:
+                key = stream.ack_key(req)
+                if key is not None:
+                    if len(self._acks) >= MAX_ACKS_KEPT:
+                        self._acks.clear()
+                    self._acks[raw] = key
+        return self._ending and not stream.awaiting_answer()
 
     async def _flush(self, due: list[bytes] | None = None) -> None:
         """Write what is due (`due`, then whatever is) until nothing is; responses are
@@ -531,7 +632,6 @@ class StreamRunner:
             raise
         except Exception as e:  # the call is broken: end the reader too
             log.debug("xds stream write failed", peer=self.stream.peer, error=repr(e))
-            if self._task is not None:
-                self._task.cancel()
+            self._break()
         finally:
             self._writer = None

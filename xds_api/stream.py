@@ -13,9 +13,10 @@ reader gets the latest state once it catches up, and memory per stream stays bou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 from envoy.config.core.v3 import base_pb2
@@ -29,6 +30,7 @@ from xds_api.caches.type_cache import Reply, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.names import collection_of
 from xds_api.resources import EncodedResource, wrap_resource
+from xds_api.shared_responses import UNSHARED, SharedResponses
 from xds_api.subscription import (
     ABSENT,
     LEDS_ALWAYS,
@@ -168,9 +170,9 @@ class XdsStream:
     """What SotW and delta streams share: node, nonces, subscriptions, watches."""
 
     # Thousands of these live at once; slots keep each one small.
-    __slots__ = ("_closed", "_node_seen", "_nonce", "_unknown", "_wake", "ads", "cache",
-                 "client", "debug", "info", "leds", "max_names", "metrics", "namespace",
-                 "node_id", "node_labels", "node_name", "others", "peer", "subs")
+    __slots__ = ("_closed", "_node_seen", "_nonce", "_shared", "_unknown", "_wake", "ads",
+                 "cache", "client", "debug", "info", "leds", "max_names", "metrics",
+                 "namespace", "node_id", "node_labels", "node_name", "others", "peer", "subs")
     api = ""
     protocol = ""
 
@@ -185,8 +187,12 @@ class XdsStream:
         peer: str = "",
         info: StreamInfo | None = None,
         debug: DebugAnswers | None = None,
+        shared: SharedResponses | None = None,
     ) -> None:
         self.cache = cache
+        # The nonce clock and the responses encoded once for all the streams that
+        # send them (xds_api.shared_responses); a stream of its own by default.
+        self._shared = shared or UNSHARED
         # ADS serves every type and needs type_url; the EDS-only service implies it.
         self.ads = ads
         self._wake = wake or (lambda: None)
@@ -220,6 +226,19 @@ class XdsStream:
         """Apply one decoded request; raises StreamError if it breaks the protocol."""
         raise NotImplementedError
 
+    @staticmethod
+    def ack_key(req: Any) -> Hashable | None:
+        """What `take_ack` needs of a request that may be a plain ACK (no node, no
+        error, a nonce, no other change), or None for any other request. Equal
+        requests have equal keys: the fan-out's ACKs are thousands of equal messages,
+        each decoded once (xds_api.service)."""
+        raise NotImplementedError
+
+    def take_ack(self, key: Hashable) -> bool:
+        """Apply a request `ack_key` described if it is an ACK of the last response
+        of its type that changes nothing; False leaves it to `handle`."""
+        raise NotImplementedError
+
     def awaiting_answer(self) -> bool:
         """A response was sent that the client has not yet ACKed or NACKed."""
         return any(sub.nonce and sub.answered != sub.nonce for sub in self.subs.values())
@@ -227,8 +246,11 @@ class XdsStream:
     def take_responses(self) -> list[bytes]:
         """The encoded responses due now, in CDS, EDS, LEDS, LDS, RDS order (§1.9)."""
         out: list[bytes] = []
-        for t in rt.ORDER:
-            sub = self.subs.get(t)
+        subs = self.subs
+        # One type subscribed (an EDS-only client, most Linkerd-less sidecars' EDS
+        # streams): no order to keep.
+        for t in subs if len(subs) == 1 else rt.ORDER:
+            sub = subs.get(t)
             if sub is None or not (sub.dirty or sub.must_reply):
                 continue
             reply = self._reply(sub)
@@ -292,6 +314,9 @@ class XdsStream:
     # ------------------------------------------------------------ helpers
 
     def _type_of(self, type_url: str) -> str:
+        # A served type's URL is kept as our own constant, not the request's copy of
+        # it (one string for thousands of streams' subscriptions).
+        type_url = rt.SERVED.get(type_url, type_url)
         if not type_url:
             if self.ads:
                 # §1.1: type_url is required on ADS.
@@ -325,7 +350,7 @@ class XdsStream:
             self.client = node_identity.client_kind(req.node)
             self.namespace = node_identity.client_namespace(req.node)
             if self.info is not None:
-                self.info.client = req.node.id
+                self.info.client = self.node_id  # the one copy
 
     def _check_size(self, count: int, type_url: str) -> None:
         if count > self.max_names:
@@ -334,8 +359,9 @@ class XdsStream:
                                f"stream; the limit is {self.max_names}")
 
     def _next_nonce(self) -> str:
-        self._nonce += 1
-        return str(self._nonce)
+        shared = self._shared
+        self._nonce = nonce = shared.nonce_after(self._nonce)
+        return shared.text(nonce)
 
     def _subscription(self, type_url: str) -> tuple[Subscription, bool]:
         sub = self.subs.get(type_url)
@@ -443,6 +469,10 @@ class XdsStream:
         not a proxy, and not listed as one (§9.2)."""
         return not self.subs and any(is_debug_type(t) for t in self.others)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Release every watch; the stream is over."""
         if self._closed:
@@ -467,7 +497,8 @@ class SotwStream(XdsStream):
             return
         if t in rt.DELTA_ONLY:
             self._refuse_delta_only(t)
-        names = set(req.resource_names)  # the same name twice is one
+        # The same name twice is one; each name is one string for every stream.
+        names = set(map(sys.intern, req.resource_names))
         self._check_size(len(names), t)
         sub, _ = self._subscription(t)
         nack = req.HasField("error_detail")
@@ -516,6 +547,28 @@ class SotwStream(XdsStream):
         if sub.dirty or sub.must_reply:
             self._wake()
 
+    @staticmethod
+    def ack_key(req: discovery_pb2.DiscoveryRequest) -> Hashable | None:
+        if not req.response_nonce or req.HasField("node") or req.HasField("error_detail"):
+            return None
+        return (req.type_url, req.response_nonce, req.version_info,
+                frozenset(req.resource_names))
+
+    def take_ack(self, key: Hashable) -> bool:
+        type_url, nonce, version, names = cast(tuple[str, str, str, frozenset[str]], key)
+        if not type_url and not self.ads:
+            type_url = rt.ENDPOINT
+        sub = self.subs.get(type_url)
+        # The same test as handle's: our last nonce, no NACK, the names subscribed.
+        if sub is None or not sub.nonce or nonce != sub.nonce or sub.wildcard \
+                or names != sub.names or rt.WILDCARD in names:
+            return False
+        sub.answered = nonce
+        self._acked(sub, nonce, sub.version_sent if version == sub.version_sent else version)
+        if sub.dirty or sub.must_reply:
+            self._wake()
+        return True
+
     def _refuse_delta_only(self, type_url: str) -> None:
         # §7.1: LEDS collections exist only in delta xDS, and no CLA sent over SotW
         # names one, so a SotW request for them is a client misconfigured: the stream
@@ -558,7 +611,10 @@ class SotwStream(XdsStream):
         return self.cache.sotw_reply(sub)
 
     def _encode(self, reply: Reply, version: str, type_url: str, nonce: str) -> bytes:
-        return self._frame(version, reply.resources, type_url, nonce)
+        resources = reply.resources
+        key = (type_url, version, *map(id, resources))
+        return self._shared.encoded(self._nonce, key, resources, lambda: self._frame(
+            version, resources, type_url, nonce))
 
     def _record_sent(self, sub: Subscription, reply: Reply) -> None:
         if sub.type_url in rt.FULL_STATE:
@@ -592,7 +648,7 @@ class DeltaStream(XdsStream):
             if sub.dirty or sub.must_reply:
                 self._wake()
             return
-        subscribe = list(dict.fromkeys(req.resource_names_subscribe))
+        subscribe = list(dict.fromkeys(map(sys.intern, req.resource_names_subscribe)))
         unsubscribe = list(dict.fromkeys(req.resource_names_unsubscribe))
         self._check_size(len(sub.names) + len(subscribe), t)
         if req.response_nonce and req.response_nonce == sub.nonce:
@@ -614,6 +670,27 @@ class DeltaStream(XdsStream):
         self._apply_watches(sub, change)
         if sub.dirty or sub.must_reply:
             self._wake()
+
+    @staticmethod
+    def ack_key(req: discovery_pb2.DeltaDiscoveryRequest) -> Hashable | None:
+        if (not req.response_nonce or req.HasField("node") or req.HasField("error_detail")
+                or req.resource_names_subscribe or req.resource_names_unsubscribe
+                or req.initial_resource_versions):
+            return None
+        return (req.type_url, req.response_nonce)
+
+    def take_ack(self, key: Hashable) -> bool:
+        type_url, nonce = cast(tuple[str, str], key)
+        if not type_url and not self.ads:
+            type_url = rt.ENDPOINT
+        sub = self.subs.get(type_url)
+        # handle's fast path: an ACK of the last response that changes no subscription.
+        if sub is None or nonce != sub.nonce:
+            return False
+        self._acked(sub, nonce, sub.version_sent)
+        if sub.dirty or sub.must_reply:
+            self._wake()
+        return True
 
     def _initial_versions(self, sub: Subscription, req: discovery_pb2.DeltaDiscoveryRequest,
                           subscribe: list[str], unsubscribe: list[str]) -> dict[str, str]:
@@ -698,7 +775,10 @@ class DeltaStream(XdsStream):
         return self.cache.delta_reply(sub)
 
     def _encode(self, reply: Reply, version: str, type_url: str, nonce: str) -> bytes:
-        return self._frame(version, reply.resources, reply.removed, type_url, nonce)
+        resources, removed = reply.resources, reply.removed
+        key = (type_url, version, removed, *map(id, resources))
+        return self._shared.encoded(self._nonce, key, resources, lambda: self._frame(
+            version, resources, removed, type_url, nonce))
 
     def _record_sent(self, sub: Subscription, reply: Reply) -> None:
         for r in reply.resources:
