@@ -224,8 +224,9 @@ class ServerCall:
         handler returns, the call stays open. Every request message goes to
         `handler(message)` in the callback that received it (as `read_into`'s), and
         `handler.on_done()` is called once when the call ends from outside: the
-        client sent its last message (or `handler` returned True), the stream was
-        reset or the connection is gone, or the deadline passed. The handler ends
+        client of a request stream sent its last message (or `handler` returned
+        True), the stream was reset or the connection is gone, or the deadline
+        passed. The handler ends
         the call with `end` (or `cancel`). An idle stream then holds no task, no
         coroutine frames and no future: a few hundred bytes, not a few thousand."""
         self.detached = True
@@ -235,7 +236,7 @@ class ServerCall:
         self._on_message = handler
         for message in inbox:  # what came before the handler started reading
             self._deliver_to(handler, message)
-        if self.remote_closed or self.ended:
+        if self.ended or (self.remote_closed and not self._one_request):
             self._call_on_done()
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
@@ -410,7 +411,9 @@ class ServerCall:
     def remote_end(self) -> None:
         self.remote_closed = True
         self._wake_reader()
-        if self._on_done is not None:
+        # A client-streaming call is over once its client is; a unary request's
+        # client is done sending from the start.
+        if self._on_done is not None and not self._one_request:
             self._call_on_done()
 
     def fail(self, code: grpc.StatusCode, details: str) -> None:

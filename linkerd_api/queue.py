@@ -4,12 +4,18 @@ gRPC stream (which may be slow), as Linkerd's translators have (§3.1)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 from meshbridge.host import StreamInfo
 
 # A message as queued: (the version it describes, for /debug/streams; its bytes). The
 # tuples are built once per version and shared by every stream that queues them.
 Outgoing = tuple[str, bytes]
+
+
+class Waker(Protocol):
+    def wake(self) -> None:
+        """Something was queued, or the stream ended."""
 
 
 class UpdateQueue:
@@ -21,7 +27,7 @@ class UpdateQueue:
     stream needs to know about itself; slots keep an idle stream small.
     """
 
-    __slots__ = ("_items", "_waiter", "capacity", "ended", "info", "overflowed")
+    __slots__ = ("_items", "_waiter", "capacity", "ended", "info", "overflowed", "writer")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -33,6 +39,13 @@ class UpdateQueue:
         self.overflowed = False
         # The stream's entry on /debug/streams, once its writer has registered it.
         self.info: StreamInfo | None = None
+        # A writer in the server's callbacks (linkerd_api.detached), told of each
+        # push and of the end instead of a task awaiting `next`.
+        self.writer: Waker | None = None
+
+    def take(self) -> Outgoing | None:
+        """The next message, without waiting (None when there is none)."""
+        return self._items.pop(0) if self._items else None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -69,6 +82,9 @@ class UpdateQueue:
         return self._items.pop(0)
 
     def _wake(self) -> None:
+        if self.writer is not None:
+            self.writer.wake()
+            return
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -38,6 +38,7 @@ from linkerd_api.authority import (
     parse_service_name,
     split_host_port,
 )
+from linkerd_api.detached import DetachedWriter
 from linkerd_api.endpoint_streams import SEMANTICS, EndpointStream, Semantics, UpdateEncoder
 from linkerd_api.errors import (
     AmbiguousAddress,
@@ -226,12 +227,26 @@ class DestinationService:
         except DestinationError as e:
             await self._refuse(context, "Get", peer, path, e)
             return
+        detached = False
         try:
             for message in self.encoder.snapshot(view):
                 stream.push(message)
+            if getattr(context, "detach", None) is not None and not self.stopping:
+                # The native server: written in its callbacks, no task held.
+                info = self._open_stream("Get", stream, stream.label, request, context)
+                DetachedWriter(stream, context, info, stream.label, self._get_over).start()
+                detached = True
+                return
             await self._pump("Get", stream, stream.label, request, context)
         finally:
-            self.host.views.unsubscribe(key, stream)
+            if not detached:
+                self.host.views.unsubscribe(key, stream)
+
+    def _get_over(self, writer: DetachedWriter) -> None:
+        stream = writer.queue
+        assert isinstance(stream, EndpointStream)
+        self.host.views.unsubscribe(stream.key, stream)
+        self._close_stream("Get", stream, writer.info)
 
     def _endpoint_key(self, path: str, token: ContextToken, peer: str) -> ViewKey:
         """Get's request checks, in Linkerd's order (§2.4)."""
@@ -355,14 +370,7 @@ class DestinationService:
         """Write the stream's queue until it ends; returning ends the RPC with OK."""
         if self.stopping:
             return
-        info = self.host.streams.add(StreamInfo(
-            "linkerd-get" if method == "Get" else "linkerd-profile", context.peer(),
-            client=request.context_token.strip()[:500]))
-        info.state(target).subscribed = (request.path,)
-        stream.info = info
-        self.streams.add(stream)
-        gauge = self.open_streams.labels(method)
-        gauge.inc()
+        info = self._open_stream(method, stream, target, request, context)
         try:
             while (item := await stream.next()) is not None:
                 version, message = item
@@ -371,9 +379,25 @@ class DestinationService:
                 if not len(stream):
                     info.converged()  # Linkerd has no ACK: caught up once all is written
         finally:
-            gauge.dec()
-            self.streams.discard(stream)
-            self.host.streams.remove(info)
+            self._close_stream(method, stream, info)
+
+    def _open_stream(self, method: str, stream: UpdateQueue, target: str,
+                     request: dst.GetDestination,
+                     context: grpc.aio.ServicerContext[Any, Any]) -> StreamInfo:
+        """A stream starts: listed on /debug/streams, counted, ended by `stop`."""
+        info = self.host.streams.add(StreamInfo(
+            "linkerd-get" if method == "Get" else "linkerd-profile", context.peer(),
+            client=request.context_token.strip()[:500]))
+        info.state(target).subscribed = (request.path,)
+        stream.info = info
+        self.streams.add(stream)
+        self.open_streams.labels(method).inc()
+        return info
+
+    def _close_stream(self, method: str, stream: UpdateQueue, info: StreamInfo) -> None:
+        self.open_streams.labels(method).dec()
+        self.streams.discard(stream)
+        self.host.streams.remove(info)
 
     def _token(self, request: dst.GetDestination, peer: str, method: str) -> ContextToken:
         token = parse_context_token(request.context_token)
