@@ -30,7 +30,7 @@ from bridge.authority import AuthorityError, format_authority, parse_authority, 
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.routes.text import RouteRow
 from meshbridge.admin import Request, Response
-from meshbridge.stream_registry import human_time
+from meshbridge.stream_registry import StreamInfo, human_time
 
 if TYPE_CHECKING:
     from bridge.views import View
@@ -77,13 +77,20 @@ def views_json(app: App) -> list[dict[str, Any]]:
 
 
 def install(app: App) -> None:
-    app.admin.route("/", lambda req: _index(app, req))
+    async def streams(req: Request) -> Response:
+        return _no_params(req) or _json(200, [s.as_json() for s in await app.stream_infos()])
+
+    async def syncz(req: Request) -> Response:
+        return _no_params(req) or _json(200, [s.syncz() for s in await app.stream_infos()])
+
+    async def index(req: Request) -> Response:
+        return _index(app, req, await app.stream_infos())
+
+    app.admin.route("/", index)
     app.admin.route("/debug/views", lambda req: _no_params(req) or _json(200, views_json(app)))
-    app.admin.route("/debug/streams", lambda req: _no_params(req) or _json(
-        200, [s.as_json() for s in app.streams.all()]))
+    app.admin.route("/debug/streams", streams)
     app.admin.route("/debug/endpoints", lambda req: _endpoints(app, req))
-    app.admin.route("/debug/syncz", lambda req: _no_params(req) or _json(
-        200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)]))
+    app.admin.route("/debug/syncz", syncz)
 
 
 def _endpoints(app: App, req: Request) -> Response:
@@ -272,6 +279,13 @@ _ROUTE_LABELS = {"linkerd": "Linkerd OutboundPolicies", "envoy": "Envoy RDS",
                  "grpc": "proxyless gRPC RDS"}
 
 
+def _protocols(infos: list[StreamInfo]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in infos:
+        counts[s.protocol] = counts.get(s.protocol, 0) + 1
+    return counts
+
+
 def _cell(value: object) -> str:
     return f"<td>{html.escape(str(value))}</td>"
 
@@ -305,7 +319,7 @@ def port_rows(app: App) -> list[dict[str, Any]]:
     return rows
 
 
-def _index(app: App, req: Request) -> Response:
+def _index(app: App, req: Request, infos: list[StreamInfo]) -> Response:
     if req.path != "/":
         return Response.text(404, "no such page")
     if req.query:
@@ -320,7 +334,7 @@ def _index(app: App, req: Request) -> Response:
             f"{_cell(r['ready'])}{_cell(r['draining'])}{_cell(r['version'] or '-')}"
             f"{_cell(_counts(r['subscribers']))}</tr>")
     streams = []
-    for s in sorted(app.streams.all(), key=lambda s: s.id):
+    for s in infos:
         sync = s.syncz()
         behind = f"{sync['behind_seconds']:g}s"
         per_type: dict[str, dict[str, Any]] = sync["types"] or {"-": {}}
@@ -340,7 +354,7 @@ tr:nth-child(even){{background:#f3f3f3}}</style></head>
 <body><h1>meshbridge</h1>
 <p>source <b>{html.escape(app.source.name)}</b> &middot;
 {len(app.cluster.services)} services &middot; {len(app.views.views())} views &middot;
-{len(app.streams)} streams ({html.escape(_counts(app.streams.counts()))}) &middot;
+{len(infos)} streams ({html.escape(_counts(_protocols(infos)))}) &middot;
 {subscribed} subscriptions &middot;
 <a href="/debug/views">/debug/views</a> &middot; <a href="/debug/streams">/debug/streams</a>
 &middot; <a href="/debug/syncz">/debug/syncz</a>

@@ -10,7 +10,7 @@ is the one implementation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import prometheus_client
 
@@ -21,7 +21,16 @@ from meshbridge.debug import Renderer, RouteRenderer
 from meshbridge.limits import Limits
 from meshbridge.stream_registry import StreamRegistry
 
+if TYPE_CHECKING:
+    from meshbridge.workers.link import Link
+
 T = TypeVar("T")
+
+class GrpcServer(Protocol):
+    """What a protocol layer registers its services with (either gRPC server)."""
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None: ...
+
 
 class Host(Protocol):
     cluster: Cluster
@@ -52,3 +61,41 @@ class Host(Protocol):
 
     def service(self, name: str) -> Any:
         """A layer's service kept under `name`."""
+
+
+# ---------------------------------------------------------------- workers (docs/workers.md)
+# With `--workers N`, the process that has the Cluster and the Views (the watcher)
+# mounts every layer as above, and also its `register_feeds(host, hub)` if it has
+# one: what it sends each worker over that worker's link. Each worker mounts each
+# layer's `register_worker(host, server)`, given a `WorkerHost`; a method no layer
+# serves in the worker is relayed to the watcher whole (meshbridge.workers.relay).
+
+
+class FeedHub(Protocol):
+    """What a layer's watcher side is given: each worker's link as it starts."""
+
+    def on_link(self, attach: Callable[[Link], None]) -> None:
+        """Call `attach(link)` for every worker's link, now and as workers (re)start;
+        a link's `on_closed` says when its worker is gone."""
+
+
+class WorkerHost(Protocol):
+    """What a layer's worker side is given: no Cluster and no Views, the link to the
+    watcher instead."""
+
+    config: MeshConfig
+    metrics: prometheus_client.CollectorRegistry
+    streams: StreamRegistry
+    link: Link
+
+    @property
+    def limits(self) -> Limits: ...
+
+    def options_for(self, kind: type[T]) -> T:
+        """This layer's options; `kind()` when none were given."""
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """Call `hook` when the worker stops (end every stream, say)."""
+
+    def keep(self, name: str, service: object) -> None:
+        """Keep the layer's worker-side service (found by name, as on a Host)."""

@@ -7,6 +7,7 @@ istiod's /debug/syncz, so an operator can answer "why does this proxy see that?"
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -164,9 +165,12 @@ class StreamInfo:
 
 
 class StreamRegistry:
-    def __init__(self, metrics: prometheus_client.CollectorRegistry | None = None) -> None:
+    def __init__(self, metrics: prometheus_client.CollectorRegistry | None = None,
+                 first_id: int = 1) -> None:
         self._streams: dict[int, StreamInfo] = {}
-        self._ids = itertools.count(1)
+        # A worker numbers its streams from a first id of its own, so that the ids
+        # the watcher's pages list are unique across the processes.
+        self._ids = itertools.count(first_id)
         self.convergence: LoopHistogram | None = None
         if metrics is not None:
             # Observed once per stream per change, on the loop thread: lock-free.
@@ -190,6 +194,12 @@ class StreamRegistry:
 
     def all(self) -> list[StreamInfo]:
         return list(self._streams.values())
+
+    def detached(self) -> list[StreamInfo]:
+        """Copies of every stream's entry without what ties it to this process (its
+        histogram), for another process's pages."""
+        return [dataclasses.replace(s, types=dict(s.types), convergence=None)
+                for s in self._streams.values()]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

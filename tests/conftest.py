@@ -1,7 +1,12 @@
-"""Shared fixtures: a meshbridge App served on loopback from a manifest folder."""
+"""Shared fixtures: a meshbridge App served on loopback from a manifest folder.
+
+`MESHBRIDGE_TEST_WORKERS=N` serves every App the fixtures start with N worker
+processes (docs/workers.md); `make test` runs the protocol and reliability tiers so
+as well as with the default, one process."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -16,6 +21,14 @@ from meshbridge.app import App, ProtocolLayer, ServeOptions
 from meshbridge.layers import protocol_layers
 
 AppFactory = Callable[..., Any]
+
+
+def serving_workers(grpc_transport: str = "native") -> int:
+    """How many processes serve a test's gRPC port (MESHBRIDGE_TEST_WORKERS; grpc.aio's
+    server is served by one process only)."""
+    if grpc_transport != "native":
+        return 1
+    return int(os.environ.get("MESHBRIDGE_TEST_WORKERS", "1"))
 
 
 @pytest.fixture
@@ -45,7 +58,8 @@ async def make_app() -> AsyncIterator[AppFactory]:
     ) -> App:
         source = FilesSource(manifests, poll_interval=0.05)
         options = ServeOptions("127.0.0.1:0", "127.0.0.1:0", dict(extra),
-                               grpc_transport=grpc_transport, layer_options=layer_options)
+                               grpc_transport=grpc_transport, layer_options=layer_options,
+                               workers=serving_workers(grpc_transport))
         app = App(source, config, options,
                   list(layers) if layers is not None else protocol_layers())
         apps.append(app)

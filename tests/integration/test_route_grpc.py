@@ -148,7 +148,7 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
         assert await probe.call(2, "Slow") == {"backends": {},
                                                 "errors": {"DEADLINE_EXCEEDED": 2}}
         # grpc took every resource it was sent.
-        [stream] = [s for s in app.streams.all() if s.client == "grpc-route-probe"]
+        [stream] = [s for s in await app.stream_infos() if s.client == "grpc-route-probe"]
         assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]
         for state in stream.types.values():
             assert not state.last_nack_error

@@ -119,7 +119,7 @@ async def test_proxyless_grpc_reaches_both_backends_then_only_the_one_left(
         assert await probe.call(100) == {"backends": {"127.0.0.2": 100}, "errors": {}}
 
         # One ADS stream carried all four types, named explicitly, each ACKed.
-        [stream] = [s for s in app.streams.all() if s.client == "proxyless-probe"]
+        [stream] = [s for s in await app.stream_infos() if s.client == "proxyless-probe"]
         assert stream.protocol == "xds-sotw"
         assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]
         for state in stream.types.values():
@@ -131,4 +131,4 @@ async def test_proxyless_grpc_reaches_both_backends_then_only_the_one_left(
             proc.kill()
         await proc.wait()
     for t in ("cds", "eds", "lds", "rds"):
-        assert not app.metrics.get_sample_value("pilot_total_xds_rejects_total", {"type": t})
+        assert not await app.sample_value("pilot_total_xds_rejects_total", {"type": t})

@@ -18,6 +18,7 @@ from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
 from harness.clients import LinkerdClient, XdsClient
 from meshbridge.app import App, ServeOptions
 from meshbridge.limits import LOOPBACK_CROWD, Limits
+from tests.conftest import serving_workers
 from tests.polling import eventually
 
 MODELS = ("linkerd", "sotw", "delta")
@@ -39,7 +40,7 @@ async def start_app(objects: Iterable[Any], listen: str = "127.0.0.1:0",
     app = App(StaticSource(list(objects)), None,
               ServeOptions(listen, "127.0.0.1:0", dict(extra),
                            limits=Limits(max_streams_per_client=50_000,
-                                         h2=LOOPBACK_CROWD)),
+                                         h2=LOOPBACK_CROWD), workers=serving_workers()),
               serving_layers())
     await app.start()
     return app
