@@ -9,7 +9,7 @@ HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
 STAMP = $(VENV)/.installed-$(1)-$(HASH)
 
 .PHONY: run test lint bench protos install install-test install-dev install-bench clean \
-	envtest chromium h2spec helm istiod
+	envtest chromium h2spec helm istiod istioctl
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ install-bench: $(call STAMP,bench)
 run: install
 	$(BIN)/meshbridge serve --source demo
 
-test: install-test envtest chromium h2spec helm istiod
+test: install-test envtest chromium h2spec helm istiod istioctl
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
@@ -52,13 +52,20 @@ helm:
 istiod:
 	bash scripts/istiod.sh >/dev/null
 
+# istioctl from the same istio.io/istio module version as pilot-discovery (it shares
+# that build's module and build caches), for the tests that point
+# `istioctl proxy-status` at meshbridge's gRPC port; cached after the first build.
+istioctl:
+	bash scripts/istioctl.sh >/dev/null
+
 # Debian's Chromium, for the admin page's browser test (as root, like CI).
 chromium:
 	command -v chromium >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 lint: install-dev
-	$(BIN)/ruff check bridge meshbridge h2grpc linkerd_api xds_api harness tests bench fuzz scripts
+	$(BIN)/ruff check bridge meshbridge h2grpc linkerd_api xds_api admission harness testkit tests \
+		bench fuzz scripts
 	$(BIN)/mypy
 
 bench: install-bench

@@ -3,7 +3,7 @@
     python -m bench [--quick] [--only fanout,memory,churn,connect,encode,bigservice,routes,
                                      gcp,failover,parallel] [--out FILE]
     python -m bench NAME...      run benchmark modules by name, each printing its own
-                                 report (e.g. `python -m bench xds_fanout`)
+                                 report (e.g. `python -m bench big_service`)
 
 The table is built by running benchmark modules, each in its own process (so one
 benchmark's memory and threads cannot skew the next one's figures) with `--json`,
@@ -54,6 +54,10 @@ FULL: dict[str, list[list[str]]] = {
             for p in ("sotw", "delta")],
     "failover": [["failover", "--clients", "5000", "--runs", "3"]],
     "parallel": [["parallel", "--runs", "5"]],
+    # Two real kube-apiservers: what a linked cluster costs, and how fast a federated
+    # service's change reaches a Get stream and an Envoy.
+    "multicluster": [["linked_memory", "--runs", "3"],
+                     ["multicluster_follow", "--flips", "10", "--runs", "3"]],
 }
 QUICK: dict[str, list[list[str]]] = {
     "fanout": [["fanout", "--protocol", p, "--streams", "100", "--runs", "3",
@@ -71,9 +75,11 @@ QUICK: dict[str, list[list[str]]] = {
                   "--channels", "5", "--runs", "1"]],
     "parallel": [["parallel", "--streams", "500", "--rounds", "2", "--runs", "1"]],
     "routes": [["route_edit", "--streams", "100", "--runs", "2", "--channels", "5"]],
+    "multicluster": [["linked_memory", "--runs", "1", "--pods", "1000"],
+                     ["multicluster_follow", "--flips", "4", "--runs", "1"]],
 }
 SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice", "routes", "gcp",
-          "failover", "parallel")
+          "failover", "parallel", "multicluster")
 
 
 def discover() -> list[str]:

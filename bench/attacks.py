@@ -1,10 +1,11 @@
-"""The HTTP/2 attack suite (tests/attacks/) against both gRPC transports, as a table.
+"""The HTTP/2 attack suite (testkit/attacks/, tests/attacks/) against both gRPC transports,
+as a table.
 
     python -m bench.attacks [--transport native|grpcio|both] [--only a,b] [--json FILE]
 
 For each transport one `meshbridge serve` (restarted only if an attack kills it),
-the same flags as the test suite (tests/attacks/harness.py SERVER_FLAGS), and every
-attack of tests/attacks/test_attacks.py ATTACKS with its budget: /ready throughout,
+the same flags as the test suite (testkit/attacks/harness.py SERVER_FLAGS), and every
+attack of testkit/attacks/budgets.py ATTACKS with its budget: /ready throughout,
 the good clients' change latency without and with the attack (p50/p99), RSS
 (baseline, peak, after) and what the attacker got, judged against the budget (the
 budget is the native server's; grpc.aio's server is not held to it, only shown).
@@ -21,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.attacks.harness import Report, Server, missing_flags, run_attack
-from tests.attacks.test_attacks import ATTACKS, verdict
+from testkit.attacks.budgets import ATTACKS, verdict
+from testkit.attacks.harness import Report, Server, missing_flags, run_attack
 
 TRANSPORTS = ("native", "grpcio")
 
@@ -56,8 +57,8 @@ def got_text(attacker: dict[str, Any]) -> str:
     extra = attacker.get("extra", {})
     if "usable" in extra:
         parts.append("usable" if extra["usable"] else "unusable")
-    if "closed_within_1s" in extra:
-        parts.append(f"{extra['closed_within_1s']} of {extra.get('opened')} refused")
+    if "refused" in extra:
+        parts.append(f"{extra['refused']} of {extra.get('opened')} refused")
     return "; ".join(parts)
 
 

@@ -49,7 +49,9 @@ import sys
 import time
 from typing import Any
 
-from bench.common import Child, StaticSource, poll, print_json, row, serving_layers
+from bench.common import finish, parser, row
+from testkit.polling import eventually
+from testkit.processes import Child
 
 TARGET_CPU_MS = 2.0
 TARGET_P99_MS = 20.0
@@ -253,16 +255,12 @@ async def measure_latency(endpoints: int, streams: int, rate: float,
                           changes: int) -> dict[str, Any]:
     """One run: change-to-last-client ms of every change, at `rate` changes/s."""
     from meshbridge import gctune
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
 
     configure_logging("console", "warning")
     sim = simulated(endpoints, seed=5)
-    limits = Limits(max_streams_per_client=streams * 2 + 100, h2=LOOPBACK_CROWD)
-    app = App(StaticSource(sim.initial_objects()), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
-    await app.start()
+    app = await serve_objects(sim.initial_objects(), streams * 2 + 100)
     gctune.settle_heap()  # as `meshbridge serve` does once synced
     child: Child | None = None
     try:
@@ -273,7 +271,7 @@ async def measure_latency(endpoints: int, streams: int, rate: float,
         for _ in range(2):
             await child.line()  # {"ready": n}: first phase, then every stream open
         streams_of = app.service("linkerd").streams
-        await poll(lambda: all(len(q) == 0 for q in streams_of), 120, "snapshots sent")
+        await eventually(lambda: all(len(q) == 0 for q in streams_of), 120, "snapshots sent")
         svc = sim.services[0]
         applied: dict[int, float] = {}
         arrived: dict[int, float] = {}
@@ -379,8 +377,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.big_service", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("big_service", __doc__)
     p.add_argument("--endpoints", default="100,1000,10000",
                    help="service sizes for the CPU figures, comma-separated")
     p.add_argument("--changes", type=int, default=300, help="changes per CPU run")
@@ -394,14 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="changes per run (a p99 wants at least 100)")
     p.add_argument("--latency-runs", type=int, default=3)
     p.add_argument("--streams", type=int, default=5, help="Linkerd Get streams")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    result = run(args)
-    if args.json:
-        print_json("big_service", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("big_service", run(args), args.json, rows, report)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import print_json, row
+from bench.common import finish, parser, row
 
 TARGET_CPU_SHARE = 50.0  # percent of one core
 TARGET_P99_MS = 100.0
@@ -149,8 +149,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.churn", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("churn", __doc__)
     p.add_argument("--services", type=int, default=1000)
     p.add_argument("--endpoints", type=int, default=20)
     p.add_argument("--rate", type=float, default=50.0)
@@ -158,17 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets", type=int, default=2)
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     from meshbridge.log import configure_logging
 
     configure_logging("console", "warning")
-    result = run(args)
-    if args.json:
-        print_json("churn", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("churn", run(args), args.json, rows, report)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""What the benchmarks share: the result rows `python -m bench` tabulates, memory and
-CPU readings, and the JSON-lines conversation with a client process.
+"""What the benchmarks share: the result rows `python -m bench` tabulates, CPU and GC
+readings, and how a benchmark prints its result. (What tests share with benchmarks —
+client processes, memory readings, a static source, polling — is in `testkit`.)
 
 A benchmark module prints its own report, or with `--json` one JSON object:
 
@@ -17,19 +18,13 @@ the table is a median of several runs and says how many.
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import gc
 import json
-import os
-import resource
 import statistics
-import sys
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def row(name: str, metric: str, runs: Sequence[float], unit: str,
@@ -50,17 +45,6 @@ def meets(value: float | None, target: float | None, better: str) -> bool | None
     if value is None or target is None:
         return None
     return value <= target if better == "lower" else value >= target
-
-
-def rss_kib() -> int:
-    """This process's resident memory (Linux /proc), in KiB."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def cpu_seconds() -> float:
@@ -100,72 +84,56 @@ class GcPauses:
                             "max_ms": round(self.longest[g] * 1e3, 1)} for g in range(3)}
 
 
-def out_line(**fields: Any) -> None:
-    """A JSON line to the parent (client processes talk on stdout)."""
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
-
-
-class Child:
-    """A benchmark's client process: `python -m MODULE --client ARGS...`, JSON lines out,
-    closed by closing its stdin."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-
-    @classmethod
-    async def start(cls, module: str, *args: str) -> Child:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH"))
-                                            if p)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", module, "--client", *args,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
-            limit=1 << 24)
-        return cls(proc)
-
-    async def line(self, timeout: float = 300.0) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
-        if not raw:
-            raise RuntimeError(f"the client process exited (status {await self.proc.wait()})")
-        parsed: dict[str, Any] = json.loads(raw)
-        return parsed
-
-    async def send(self, **fields: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(fields).encode() + b"\n")
-        await self.proc.stdin.drain()
-
-    async def close(self, timeout: float = 60.0) -> None:
-        if self.proc.stdin is not None and not self.proc.stdin.is_closing():
-            self.proc.stdin.close()
-        try:
-            await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-
-
-async def commands() -> asyncio.StreamReader:
-    """The parent's commands on stdin, as an asyncio reader (client processes)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
-async def poll(check: Any, timeout: float, what: str, period: float = 0.01) -> None:
-    """Wait until `check()` is true, polling, or fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:g}s")
-        await asyncio.sleep(period)  # polling with a deadline
-
-
 def print_json(bench: str, rows: list[dict[str, Any]], details: dict[str, Any]) -> None:
     print(json.dumps({"bench": bench, "rows": rows, "details": details}, indent=1))
+
+
+def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """`python -m bench.NAME`'s command line, with `--json` (the rows for `python -m
+    bench`) already on it."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return p
+
+
+def client_arguments(p: argparse.ArgumentParser) -> None:
+    """The hidden arguments a benchmark's client process is started with (`Child`)."""
+    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--server", help=argparse.SUPPRESS)
+
+
+def finish(bench: str, result: dict[str, Any], as_json: bool,
+           rows: Callable[[dict[str, Any]], list[dict[str, Any]]],
+           report: Callable[[dict[str, Any]], str]) -> int:
+    """Print a benchmark's result: its rows as JSON for `python -m bench`, else its
+    report; the exit status."""
+    if as_json:
+        print_json(bench, rows(result), result)
+    else:
+        print(report(result))
+    return 0
+
+
+class Profile:
+    """`--profile FILE`: this process profiled (pyinstrument, 0.5 ms samples) from
+    `Profile(path)` until `save()` writes the report; nothing when no file is given."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._profiler: Any = None
+        if path:
+            from pyinstrument import Profiler
+
+            self._profiler = Profiler(interval=0.0005, async_mode="disabled")
+            self._profiler.start()
+
+    def save(self) -> None:
+        if self._profiler is None or not self.path:
+            return
+        self._profiler.stop()
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.write(self._profiler.output_text(unicode=True, show_all=False))
 
 
 def fmt(value: float | None, unit: str) -> str:
@@ -176,28 +144,3 @@ def fmt(value: float | None, unit: str) -> str:
     if unit == "%":
         return f"{value:.1f}%"
     return f"{value:,.2f} {unit}".rstrip()
-
-
-class StaticSource:
-    """A source that applies a fixed set of objects and then only what the benchmark
-    applies to the cluster itself (so each measured change has a precise start)."""
-
-    name = "bench"
-    stale = False
-
-    def __init__(self, objects: Sequence[Any]) -> None:
-        self.objects = list(objects)
-
-    async def run(self, cluster: Any, synced: asyncio.Event) -> None:
-        from bridge.cluster import Event, EventType
-
-        cluster.apply(Event(EventType.ADDED, o) for o in self.objects)
-        synced.set()
-        await asyncio.Event().wait()  # until cancelled by App.stop
-
-
-def serving_layers() -> list[Any]:
-    """Both protocol layers, as `meshbridge serve` mounts them."""
-    from meshbridge.layers import protocol_layers
-
-    return protocol_layers()

@@ -31,21 +31,12 @@ import grpc
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from bench.common import (
-    Child,
-    GcPauses,
-    StaticSource,
-    commands,
-    cpu_seconds,
-    out_line,
-    poll,
-    print_json,
-    row,
-    serving_layers,
-)
+from bench.common import GcPauses, client_arguments, cpu_seconds, finish, parser, row
 from bench.h2client import LeanConnection
 from linkerd_api.proto import destination_pb2
 from meshbridge import gctune
+from testkit.polling import eventually
+from testkit.processes import Child, commands, out_line
 
 TARGET_S = 5.0
 TARGET_CLIENTS = 5000
@@ -257,19 +248,14 @@ async def one_round_lean(args: argparse.Namespace, mine: list[int], t0: float) -
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
 
     configure_logging("console", "warning")
     sim = SimCluster(Scenario(seed=9, cluster=ClusterShape(
         namespaces=10, services=args.services, endpoints_per_service=args.endpoints,
         zones=3), churn=Churn(rate=0)))
-    limits = Limits(max_streams_per_client=args.clients * args.targets + 100,
-                    h2=LOOPBACK_CROWD)
-    app = App(StaticSource(sim.initial_objects()), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
-    await app.start()
+    app = await serve_objects(sim.initial_objects(), args.clients * args.targets + 100)
     gctune.settle_heap()  # as `meshbridge serve` does once synced
     children: list[Child] = []
     runs: list[dict[str, Any]] = []
@@ -303,7 +289,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                          "client_gc": [p["gc"] for p in parts]})
             for c in children:
                 await c.line(120)
-            await poll(lambda: len(app.streams) == 0, 120, "every stream dropped", 0.05)
+            await eventually(lambda: len(app.streams) == 0, 120, "every stream dropped", 0.05)
             gc.collect()  # the dropped streams are garbage: not the next round's pauses
     finally:
         for c in children:
@@ -344,8 +330,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.connect", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("connect", __doc__)
     p.add_argument("--clients", type=int, default=TARGET_CLIENTS)
     p.add_argument("--targets", type=int, default=2)
     p.add_argument("--services", type=int, default=1000)
@@ -353,22 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--json", action="store_true")
     p.add_argument("--clients-kind", choices=("lean", "grpcio"), default="lean",
                    help="the clients: bench/h2client.py (default) or grpc.aio channels "
                         "(harness/clients.py)")
-    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--server", help=argparse.SUPPRESS)
+    client_arguments(p)
     p.add_argument("--proc", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
         return asyncio.run(run_client(args))
-    result = asyncio.run(run_bench(args))
-    if args.json:
-        print_json("connect", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("connect", asyncio.run(run_bench(args)), args.json, rows, report)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,12 @@ changes; the figure is the median per-change cost of a run, then the median of r
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from typing import Any
 
-from bench.common import print_json, row
+from bench.common import finish, parser, row
 
 
 class _Recorder:
@@ -102,21 +101,14 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.encode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("encode", __doc__)
     p.add_argument("--endpoints", default="10,100,1000",
                    help="View sizes, comma-separated")
     p.add_argument("--changes", type=int, default=200)
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sizes = [int(x) for x in args.endpoints.split(",") if x.strip()]
-    result = run(sizes, args.changes, args.runs)
-    if args.json:
-        print_json("encode", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("encode", run(sizes, args.changes, args.runs), args.json, rows, report)
 
 
 if __name__ == "__main__":

@@ -29,19 +29,12 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from typing import Any
 
-from bench.common import (
-    REPO,
-    Child,
-    StaticSource,
-    commands,
-    out_line,
-    poll,
-    print_json,
-    row,
-    serving_layers,
-)
+from bench.common import finish, parser, row
+from testkit.polling import eventually
+from testkit.processes import REPO, Child, commands, out_line
 
 MODES = ("versions", "fresh")
 ADS_DELTA = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
@@ -64,19 +57,15 @@ async def run_replica(args: argparse.Namespace) -> int:
     answered once N delta streams are open and current."""
     from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
     from meshbridge import gctune
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
     from xds_api import resource_types as rt
 
     configure_logging("console", "warning")
     sim = SimCluster(Scenario(seed=5, cluster=ClusterShape(
         namespaces=1, services=args.services, endpoints_per_service=args.endpoints,
         zones=3), churn=Churn(rate=0)))
-    limits = Limits(max_streams_per_client=args.clients * 2 + 100, h2=LOOPBACK_CROWD)
-    app = App(StaticSource(sim.initial_objects()), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
-    await app.start()
+    app = await serve_objects(sim.initial_objects(), args.clients * 2 + 100)
     gctune.settle_heap()
     xds = app.service("xds")
 
@@ -101,7 +90,7 @@ async def run_replica(args: argparse.Namespace) -> int:
         n = json.loads(line)["wait"]
         bytes0, cpu0 = pushed(), time.process_time()
         # Each look is O(streams): a period long enough that looking is not the cost.
-        await poll(lambda n=n: current(n), 600, "every stream current", period=0.05)
+        await eventually(partial(current, n), 600, "every stream current", period=0.05)
         out_line(at=time.monotonic(), bytes=pushed() - bytes0,
                  cpu_ms=(time.process_time() - cpu0) * 1e3)
     await app.stop(grace=0.5)
@@ -257,15 +246,13 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.failover", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("failover", __doc__)
     p.add_argument("--clients", type=int, default=5000)
     p.add_argument("--names", type=int, default=10, help="EDS names per client")
     p.add_argument("--services", type=int, default=100)
     p.add_argument("--endpoints", type=int, default=10)
     p.add_argument("--channels", type=int, default=50)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--json", action="store_true")
     p.add_argument("--replica", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--server", type=int, help=argparse.SUPPRESS)
@@ -277,12 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run_replica(args))
     if args.client:
         return asyncio.run(run_client(args))
-    result = asyncio.run(run_bench(args))
-    if args.json:
-        print_json("failover", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("failover", asyncio.run(run_bench(args)), args.json, rows, report)
 
 
 if __name__ == "__main__":

@@ -27,24 +27,17 @@ import gc
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import grpc
 
-from bench.common import (
-    Child,
-    StaticSource,
-    commands,
-    cpu_seconds,
-    out_line,
-    poll,
-    print_json,
-    row,
-    rss_kib,
-    serving_layers,
-)
+from bench.common import Profile, client_arguments, cpu_seconds, finish, parser, row
 from meshbridge import eventloop, gctune
 from meshbridge.eventloop import EVENT_LOOPS, default_loop
+from testkit.polling import eventually
+from testkit.processes import Child, commands, out_line, rss_kib
 
 PROTOCOLS = ("get", "sotw", "delta")
 TITLES = {"get": "Linkerd Get", "sotw": "xDS SotW EDS", "delta": "xDS delta EDS"}
@@ -122,37 +115,32 @@ async def run_client(args: argparse.Namespace) -> int:
             got(n, time.monotonic())
             n += 1
 
-    async def sotw(i: int) -> None:
-        call = channels[i % len(channels)].stream_stream(ADS_SOTW)()
-        first = discovery_pb2.DiscoveryRequest(type_url=EDS, resource_names=[TARGET])
+    async def ads(i: int, delta: bool) -> None:
+        """An ADS stream on the target's CLA that ACKs every response, as Envoy does."""
+        request: Any = discovery_pb2.DeltaDiscoveryRequest if delta \
+            else discovery_pb2.DiscoveryRequest
+        response: Any = discovery_pb2.DeltaDiscoveryResponse if delta \
+            else discovery_pb2.DiscoveryResponse
+        names = {"resource_names_subscribe" if delta else "resource_names": [TARGET]}
+        call = channels[i % len(channels)].stream_stream(ADS_DELTA if delta else ADS_SOTW)()
+        first = request(type_url=EDS, **names)
         first.node.id = f"bench-{i}"
         await call.write(first.SerializeToString())
         n = 0
         while (raw := await call.read()) is not grpc.aio.EOF:
             now = time.monotonic()
-            resp = discovery_pb2.DiscoveryResponse.FromString(raw)
+            resp = response.FromString(raw)
             got(n, now)
             n += 1
-            await call.write(discovery_pb2.DiscoveryRequest(
+            # SotW: an ACK names the resources again, with the version; delta: the nonce.
+            ack = request(type_url=EDS, response_nonce=resp.nonce) if delta else request(
                 type_url=EDS, resource_names=[TARGET], version_info=resp.version_info,
-                response_nonce=resp.nonce).SerializeToString())
+                response_nonce=resp.nonce)
+            await call.write(ack.SerializeToString())
 
-    async def delta(i: int) -> None:
-        call = channels[i % len(channels)].stream_stream(ADS_DELTA)()
-        first = discovery_pb2.DeltaDiscoveryRequest(type_url=EDS,
-                                                    resource_names_subscribe=[TARGET])
-        first.node.id = f"bench-{i}"
-        await call.write(first.SerializeToString())
-        n = 0
-        while (raw := await call.read()) is not grpc.aio.EOF:
-            now = time.monotonic()
-            resp = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
-            got(n, now)
-            n += 1
-            await call.write(discovery_pb2.DeltaDiscoveryRequest(
-                type_url=EDS, response_nonce=resp.nonce).SerializeToString())
-
-    follow = {"get": linkerd, "sotw": sotw, "delta": delta}[args.protocol]
+    followers: dict[str, Callable[[int], Coroutine[Any, Any, None]]] = {
+        "get": linkerd, "sotw": partial(ads, delta=False), "delta": partial(ads, delta=True)}
+    follow = followers[args.protocol]
     tasks: list[asyncio.Task[None]] = []
     reader = await commands()
     for goal in (args.first_phase, args.streams):
@@ -276,16 +264,12 @@ def open_streams(app: Any, protocol: str) -> int:
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
 
     configure_logging("console", "warning")
     sim = scenario(args.endpoints)
-    limits = Limits(max_streams_per_client=args.streams * 2 + 100, h2=LOOPBACK_CROWD)
-    app = App(StaticSource(sim.initial_objects()), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
-    await app.start()
+    app = await serve_objects(sim.initial_objects(), args.streams * 2 + 100)
     gctune.settle_heap()  # as `meshbridge serve` does once synced
     child: Child | None = None
     try:
@@ -301,9 +285,11 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         idle = idle_check(app, args.protocol)
         readings = []
         for _phase in range(2):
-            ready = (await child.line())["ready"]
-            await poll(lambda n=ready: open_streams(app, args.protocol) >= n and idle(), 120,
-                       "streams open and idle")
+            ready: int = (await child.line())["ready"]
+
+            def settled(n: int = ready) -> bool:
+                return open_streams(app, args.protocol) >= n and idle()
+            await eventually(settled, 120, "streams open and idle")
             gc.collect()
             readings.append((ready, rss_kib(), tracemalloc.get_traced_memory()[0]))
             await child.send(next=True)
@@ -311,14 +297,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         (n1, rss1, heap1), (n2, rss2, heap2) = readings
         svc = sim.services[0]
         latencies, firsts, cpu_ms = [], [], []
-        profiler = None
-        if args.profile:
-            from pyinstrument import Profiler
-
-            profiler = Profiler(interval=0.0005, async_mode="disabled")
-            profiler.start()
+        profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
-            await poll(idle, 120, "server idle before a run")
+            await eventually(idle, 120, "server idle before a run")
             # Alternate up and down so the View keeps its size.
             events = sim._step_scale(svc, up=run % 2 == 1)
             cpu0 = cpu_seconds()
@@ -329,10 +310,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             assert got["run"] == run, got
             latencies.append((got["last"] - t0) * 1000)
             firsts.append((got["first"] - t0) * 1000)
-        if profiler is not None:
-            profiler.stop()
-            with open(args.profile, "w", encoding="utf-8") as f:
-                f.write(profiler.output_text(unicode=True, show_all=False))
+        profile.save()
     finally:
         if child is not None:
             await child.close()
@@ -385,15 +363,13 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.fanout", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("fanout", __doc__)
     p.add_argument("--protocol", choices=PROTOCOLS, default="get")
     p.add_argument("--streams", type=int, default=TARGET_STREAMS)
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--channels", type=int, default=50,
                    help="client connections the streams are spread over")
     p.add_argument("--endpoints", type=int, default=10)
-    p.add_argument("--json", action="store_true")
     p.add_argument("--profile", metavar="FILE",
                    help="profile the server during the runs (pyinstrument) into FILE")
     p.add_argument("--trace-memory", action="store_true",
@@ -403,19 +379,14 @@ def main(argv: list[str] | None = None) -> int:
                         "one grpc.aio call and task per stream")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_loop(),
                    help="the server's event loop (the client's is always asyncio's)")
-    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--server", help=argparse.SUPPRESS)
+    client_arguments(p)
     p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
         return asyncio.run(run_lean_client(args) if args.clients == "lean"
                            else run_client(args))
-    result = eventloop.run(run_bench(args), args.event_loop)
-    if args.json:
-        print_json("fanout", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("fanout", eventloop.run(run_bench(args), args.event_loop), args.json, rows,
+                  report)
 
 
 if __name__ == "__main__":

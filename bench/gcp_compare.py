@@ -36,19 +36,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    REPO,
-    Child,
-    StaticSource,
-    poll,
-    print_json,
-    row,
-    rss_kib,
-    serving_layers,
-)
+from bench.common import finish, parser, row
 from bench.fanout import TARGET, idle_check, open_streams, scenario
 from meshbridge import eventloop, gctune
 from meshbridge.eventloop import EVENT_LOOPS, default_loop
+from testkit.polling import eventually
+from testkit.processes import REPO, Child, rss_kib
 
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -168,18 +161,13 @@ async def memory_phases(child: Child, rss: Callable[[], int],
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
 
     configure_logging("console", "warning")
     binary = build_peer()
     sim = scenario(args.endpoints)
-    limits = Limits(max_streams_per_client=args.streams * 2 + 100, h2=LOOPBACK_CROWD)
-    app = App(StaticSource(sim.initial_objects()), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits),
-              serving_layers())
-    await app.start()
+    app = await serve_objects(sim.initial_objects(), args.streams * 2 + 100)
     gctune.settle_heap()
     peer = await Peer.start(binary)
     await peer.set(TARGET, cla_bytes(app))
@@ -188,7 +176,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         idle = idle_check(app, args.protocol)
 
         async def mb_settle(n: int) -> None:
-            await poll(lambda: open_streams(app, args.protocol) >= n and idle(), 300,
+            await eventually(lambda: open_streams(app, args.protocol) >= n and idle(), 300,
                        "meshbridge streams open and idle")
             gc.collect()
 
@@ -206,12 +194,12 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         for run in range(1, args.runs + 1):
             events = sim._step_scale(svc, up=run % 2 == 1)
             # meshbridge: the change applied to its cluster cache.
-            await poll(idle, 120, "meshbridge idle before a run")
+            await eventually(idle, 120, "meshbridge idle before a run")
             cpu0, t0 = time.process_time(), time.monotonic()
             app.cluster.apply(events)
             got = await mb_child.line()
             assert got["run"] == run, got
-            await poll(idle, 120, "meshbridge idle after a run", period=0.001)
+            await eventually(idle, 120, "meshbridge idle after a run", period=0.001)
             figures["meshbridge"]["server_cpu_ms"].append((time.process_time() - cpu0) * 1e3)
             figures["meshbridge"]["all_received_ms"].append((got["last"] - t0) * 1e3)
             # The peer: the same CLA bytes meshbridge now serves.
@@ -285,8 +273,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gcp_compare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("gcp_compare", __doc__)
     p.add_argument("--protocol", choices=("sotw", "delta"), default="sotw")
     p.add_argument("--streams", type=int, default=5000)
     p.add_argument("--runs", type=int, default=5)
@@ -294,14 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoints", type=int, default=10)
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_loop(),
                    help="meshbridge's event loop")
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    result = eventloop.run(run_bench(args), args.event_loop)
-    if args.json:
-        print_json("gcp_compare", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("gcp_compare", eventloop.run(run_bench(args), args.event_loop), args.json,
+                  rows, report)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python -m bench.kube_edit [--edits 40] [--runs 3] [--stages] [--streams 0] [--json]
 
 A real kube-apiserver (with its watch cache, as in a real cluster) and etcd
-(tests/integration/kubeapi.py, built by scripts/envtest.sh), meshbridge serving
+(testkit/kubeapi.py, built by scripts/envtest.sh), meshbridge serving
 `--source kube` on it in this process and one Linkerd `Get` stream. Each edit
 replaces the service's EndpointSlice (an endpoint goes or comes back, alternately);
 the figure is the time from the start of the write
@@ -41,16 +41,16 @@ async def one_run(edits: int, stages: bool, streams: int) -> dict[str, Any]:
     from harness.clients import LinkerdClient, Received
     from meshbridge.app import App, ServeOptions
     from meshbridge.layers import protocol_layers
-    from tests.integration.kubeapi import KubeAPIServer
+    from testkit.kubeapi import KubeAPIServer
 
     marks: dict[str, list[int]] = {"read": [], "apply": []}
     if stages:  # wrap the two seams the stages are cut at, for this process only
         handle, apply = kube_source.KindWatcher._handle, Cluster.apply
 
-        def timed_handle(self: Any, event: dict[str, Any]) -> None:
-            if self.spec.kind == "EndpointSlice" and event.get("type") == "MODIFIED":
+        def timed_handle(self: Any, etype: str, raw: dict[str, Any]) -> None:
+            if self.spec.kind == "EndpointSlice" and etype == "MODIFIED":
                 marks["read"].append(time.monotonic_ns())
-            handle(self, event)
+            handle(self, etype, raw)
 
         def timed_apply(self: Any, events: Any) -> Any:
             if any(e.obj.kind == "EndpointSlice" for e in events):

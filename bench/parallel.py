@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from bench.common import print_json, row
+from bench.common import finish, parser, row
 
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 
@@ -127,19 +127,12 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.parallel", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("parallel", __doc__)
     p.add_argument("--streams", type=int, default=5000)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    result = run(args)
-    if args.json:
-        print_json("parallel", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    return finish("parallel", run(args), args.json, rows, report)
 
 
 if __name__ == "__main__":

@@ -2,41 +2,43 @@
 streams (SotW ADS, each ACKing) and N Linkerd OutboundPolicies.Watch streams follow
 the Service port it attaches to.
 
-    python -m bench.route_edit [--streams 1000] [--runs 5] [--channels 20] [--json]
+    python -m bench.route_edit [--streams 1000] [--runs 5] [--channels 20] [--procs 1]
+                               [--client-nice 5] [--json]
 
-meshbridge (every protocol layer, as `serve` mounts them) runs in this process; the 2N
-streams run in a child process on 127.0.0.1 on bench/h2client.py's lean connections
-(each response decoded; each RDS response ACKed), so that the figure is the server's.
-Each run applies the edited route straight to the cluster cache and measures the time
-from that apply to the moment the *last* stream of each kind has decoded the new
-message (CLOCK_MONOTONIC is one clock for both processes); the figures are medians
-over the runs. The server is idle before each run. Encodings per edit are counted
-where they happen: RDS RouteConfigurations serialized, OutboundPolicies encoded.
+meshbridge (every protocol layer, as `serve` mounts them) runs in this process; the
+streams run in client processes of their own on 127.0.0.1, each kind in its own
+(`--procs` per kind), niced (`--client-nice`) so that the clients' decoding yields to
+the server, on bench/h2client.py's lean connections (each response decoded; each RDS
+response ACKed), so that the figure is the server's. Each run applies the edited route
+straight to the cluster cache and measures the time from that apply to the moment the
+first and the *last* stream of each kind decoded the new message (CLOCK_MONOTONIC is
+one clock for every process); the figures are medians over the runs. The server is
+idle before each run.
+
+Where the time goes, per run: the apply itself (the route recomputed, the policy
+watches written in the same call), the moment every message of the edit has been
+handed to its connection and the server's main-thread CPU until then, the server's
+CPU per edit (ACKs read included) and each client kind's CPU. Encodings per edit are
+counted where they happen: RDS RouteConfigurations serialized, OutboundPolicies
+encoded. The load average before and after is printed beside the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
 from typing import Any
 
-from bench.common import (
-    Child,
-    StaticSource,
-    commands,
-    cpu_seconds,
-    out_line,
-    poll,
-    print_json,
-    row,
-    serving_layers,
-)
+from bench.common import Profile, client_arguments, cpu_seconds, finish, parser, row
 from bridge.cluster import Event, EventType
 from bridge.objects import KubeObject, decode_object
 from meshbridge import gctune
+from testkit.polling import eventually
+from testkit.processes import Child, commands, out_line
 
 NS = "bench"
 TARGET = f"web.{NS}.svc.cluster.local:80"
@@ -77,30 +79,32 @@ def decoded(docs: list[dict[str, Any]]) -> list[KubeObject]:
 
 
 async def run_client(args: argparse.Namespace) -> int:
+    """One client process: `--streams` streams of one `--kind` over `--channels`
+    connections. For every edit it reports when its first and its last stream decoded
+    the new message, and the CPU it spent since the previous report."""
     from envoy.service.discovery.v3 import discovery_pb2
 
     from bench.h2client import LeanConnection
     from linkerd_api.proto import outbound_pb2 as ob
 
     host, port = args.server.rsplit(":", 1)
+    rds = args.kind == "rds"
     seen: dict[tuple[int, int], int] = {}
-    kinds: dict[tuple[int, int], str] = {}
-    received: dict[tuple[str, int], int] = {}
-    last_at: dict[tuple[str, int], float] = {}
+    received: dict[int, int] = {}
+    first_at: dict[int, float] = {}
     opened = 0
     ready = asyncio.Event()
-    total = 2 * args.streams
     conns: list[LeanConnection] = []
     Response, Request = discovery_pb2.DiscoveryResponse, discovery_pb2.DiscoveryRequest
+    cpu_before = cpu_seconds()
 
     def on_message_of(ci: int) -> Any:
         def on_message(sid: int, raw: bytes) -> None:
-            nonlocal opened
+            nonlocal opened, cpu_before
             now = time.monotonic()
             key = (ci, sid)
             n = seen[key] = seen.get(key, -1) + 1
-            kind = kinds[key]
-            if kind == "rds":
+            if rds:
                 resp = Response.FromString(raw)
                 conns[ci].send(sid, Request(
                     type_url=RDS, resource_names=[TARGET], version_info=resp.version_info,
@@ -109,32 +113,35 @@ async def run_client(args: argparse.Namespace) -> int:
                 ob.OutboundPolicy.FromString(raw)
             if n == 0:
                 opened += 1
-                if opened == total:
+                if opened == args.streams:
                     ready.set()
                 return
-            count = received[(kind, n)] = received.get((kind, n), 0) + 1
-            last_at[(kind, n)] = now
-            if count == args.streams and all(
-                    received.get((k, n), 0) == args.streams for k in KINDS):
-                out_line(run=n, **{k: last_at[(k, n)] for k in KINDS})
+            first_at.setdefault(n, now)
+            count = received[n] = received.get(n, 0) + 1
+            if count == args.streams:
+                cpu = cpu_seconds()
+                out_line(run=n, kind=args.kind, first=first_at[n], last=now,
+                         cpu_ms=(cpu - cpu_before) * 1000)
+                cpu_before = cpu
         return on_message
 
     for ci in range(args.channels):
         conns.append(await LeanConnection.connect(host, int(port), on_message_of(ci),
                                                   lambda sid, status: None))
     for i in range(args.streams):
-        rds = Request(type_url=RDS, resource_names=[TARGET])
-        rds.node.id = f"bench-envoy-{i}"
-        rds.node.user_agent_name = "envoy"
         ci = i % len(conns)
-        sid = conns[ci].open(ADS_SOTW, rds.SerializeToString())
-        kinds[(ci, sid)] = "rds"
-        spec = ob.TrafficSpec(source_workload=f"{NS}:client-{i}", authority=TARGET)
-        ci = (i + 1) % len(conns)
-        sid = conns[ci].open(WATCH, spec.SerializeToString(), end_stream=True)
-        kinds[(ci, sid)] = "policy"
+        if rds:
+            request = Request(type_url=RDS, resource_names=[TARGET])
+            request.node.id = f"bench-envoy-{args.first + i}"
+            request.node.user_agent_name = "envoy"
+            conns[ci].open(ADS_SOTW, request.SerializeToString())
+        else:
+            spec = ob.TrafficSpec(source_workload=f"{NS}:client-{args.first + i}",
+                                  authority=TARGET)
+            conns[ci].open(WATCH, spec.SerializeToString(), end_stream=True)
     await asyncio.wait_for(ready.wait(), 300)
-    out_line(ready=total)
+    cpu_before = cpu_seconds()
+    out_line(ready=args.streams)
     reader = await commands()
     await reader.read()  # until the parent closes stdin
     for c in conns:
@@ -145,21 +152,33 @@ async def run_client(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- the server
 
 
+async def start_clients(args: argparse.Namespace, server: str) -> list[Child]:
+    """`--procs` client processes per kind, the kind's streams split between them."""
+    children: list[Child] = []
+    per_proc = -(-args.streams // args.procs)
+    channels = max(1, args.channels // (2 * args.procs))
+    for kind in KINDS:
+        for p in range(args.procs):
+            first = p * per_proc
+            count = min(per_proc, args.streams - first)
+            children.append(await Child.start(
+                "bench.route_edit", "--server", server, "--kind", kind,
+                "--streams", str(count), "--first", str(first),
+                "--channels", str(channels), "--nice", str(args.client_nice)))
+    return children
+
+
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from meshbridge.app import App, ServeOptions
-    from meshbridge.limits import LOOPBACK_CROWD, Limits
     from meshbridge.log import configure_logging
+    from testkit.serving import serve_objects
     from xds_api import resource_types as rt
 
     configure_logging("console", "warning")
     objects = decoded([service("web", "10.96.0.10"), service("web-canary", "10.96.0.11"),
                        route(10)])
-    limits = Limits(max_streams_per_client=args.streams * 4 + 100, h2=LOOPBACK_CROWD)
-    app = App(StaticSource(objects), None,
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits), serving_layers())
-    await app.start()
+    app = await serve_objects(objects, args.streams * 4 + 100)
     gctune.settle_heap()
-    child: Child | None = None
+    children: list[Child] = []
     xds, policy = app.service("xds"), app.service("policy")
 
     def idle() -> bool:
@@ -173,49 +192,61 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         return app.metrics.get_sample_value("meshbridge_xds_serializations_total",
                                             {"type": "rds"}) or 0.0
 
-    latencies: dict[str, list[float]] = {k: [] for k in KINDS}
-    encodings: dict[str, list[float]] = {k: [] for k in KINDS}
+    figures: dict[str, dict[str, list[float]]] = {
+        k: {"first_ms": [], "last_ms": [], "client_cpu_ms": [], "encodings": []}
+        for k in KINDS}
     cpu_ms: list[float] = []
+    apply_ms: list[float] = []
+    handed: list[tuple[float, float]] = []
+    handed_ms: list[float] = []
+    handed_cpu_ms: list[float] = []
+    loop = asyncio.get_running_loop()
+    load = os.getloadavg()[0]
     try:
-        child = await Child.start(
-            "bench.route_edit", "--server", f"127.0.0.1:{app.grpc_port}",
-            "--streams", str(args.streams), "--channels", str(args.channels))
-        await child.line()  # every stream holds its first answer
-        await poll(lambda: len(xds.runners) >= args.streams
-                   and len(policy.streams) >= args.streams and idle(), 120,
-                   "streams open and idle")
-        profiler = None
-        if args.profile:
-            from pyinstrument import Profiler
-
-            profiler = Profiler(interval=0.0005, async_mode="disabled")
-            profiler.start()
+        children = await start_clients(args, f"127.0.0.1:{app.grpc_port}")
+        for c in children:
+            await c.line()  # every stream of that process holds its first answer
+        await eventually(lambda: len(xds.runners) >= args.streams
+                         and len(policy.streams) >= args.streams and idle(), 120,
+                         "streams open and idle")
+        profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
-            await poll(idle, 120, "server idle before a run")
+            await eventually(idle, 120, "server idle before a run")
             edit = decoded([route(20 if run % 2 else 10)])
             rds0, pol0 = rds_encodings(), policy.encodings
-            cpu0 = cpu_seconds()
+            cpu0, thread0 = cpu_seconds(), time.thread_time()
             t0 = time.monotonic()
             app.cluster.apply([Event(EventType.MODIFIED, edit[0])])
-            got = await child.line()
+            apply_ms.append((time.monotonic() - t0) * 1000)
+            # The edit's writes to the RDS streams were queued (call_soon) inside the
+            # apply; a callback queued now runs right after them: every message of the
+            # edit has then been handed to its connection (or to a writer task, for a
+            # stream whose client is behind).
+            loop.call_soon(lambda: handed.append((time.monotonic(), time.thread_time())))
+            got = [await c.line() for c in children]
+            handed_at, handed_cpu = handed.pop()
+            handed_ms.append((handed_at - t0) * 1000)
+            handed_cpu_ms.append((handed_cpu - thread0) * 1000)
             cpu_ms.append((cpu_seconds() - cpu0) * 1000)
-            assert got["run"] == run, got
             for k in KINDS:
-                latencies[k].append((got[k] - t0) * 1000)
-            encodings["rds"].append(rds_encodings() - rds0)
-            encodings["policy"].append(policy.encodings - pol0)
-        if profiler is not None:
-            profiler.stop()
-            with open(args.profile, "w", encoding="utf-8") as f:
-                f.write(profiler.output_text(unicode=True, show_all=False))
+                mine = [g for g in got if g["kind"] == k]
+                assert all(g["run"] == run for g in mine), mine
+                figures[k]["first_ms"].append((min(g["first"] for g in mine) - t0) * 1000)
+                figures[k]["last_ms"].append((max(g["last"] for g in mine) - t0) * 1000)
+                figures[k]["client_cpu_ms"].append(sum(g["cpu_ms"] for g in mine))
+            figures["rds"]["encodings"].append(rds_encodings() - rds0)
+            figures["policy"]["encodings"].append(policy.encodings - pol0)
+        profile.save()
     finally:
-        if child is not None:
-            await child.close()
+        for c in children:
+            await c.close()
         await app.stop(grace=0.5)
         gctune.release_heap()
     return {"streams": args.streams, "channels": args.channels, "runs": args.runs,
-            "all_received_ms": latencies, "encodings_per_edit": encodings,
-            "server_cpu_ms": cpu_ms}
+            "client_processes": len(children), "client_nice": args.client_nice,
+            "kinds": figures, "server_cpu_ms": cpu_ms, "apply_ms": apply_ms,
+            "handed_over_ms": handed_ms, "handed_over_cpu_ms": handed_cpu_ms,
+            "load_average": [round(load, 2), round(os.getloadavg()[0], 2)]}
 
 
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -223,45 +254,60 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     titles = {"rds": "Envoy RDS", "policy": "Linkerd OutboundPolicies"}
     return [row(f"route edit: one HTTPRoute change to {n:,} {titles[k]} streams (beside "
                 f"{n:,} of the other kind)", "last stream has it",
-                result["all_received_ms"][k], "ms", TARGET_MS if n == 1000 else None,
-                encodings=result["encodings_per_edit"][k],
+                result["kinds"][k]["last_ms"], "ms", TARGET_MS if n == 1000 else None,
+                encodings=result["kinds"][k]["encodings"],
+                first_stream_ms=result["kinds"][k]["first_ms"],
                 server_cpu_ms=result["server_cpu_ms"]) for k in KINDS]
+
+
+def _median(values: list[float]) -> str:
+    return (f"median {statistics.median(values):.1f} ms (min {min(values):.1f}, "
+            f"max {max(values):.1f})")
 
 
 def report(result: dict[str, Any]) -> str:
     lines = [f"route edit: {result['streams']:,} RDS + {result['streams']:,} OutboundPolicies "
-             f"streams over {result['channels']} connections, {result['runs']} runs"]
+             f"streams over {result['channels']} connections in "
+             f"{result['client_processes']} client processes (nice +{result['client_nice']}),"
+             f" {result['runs']} runs; load average {result['load_average'][0]} before, "
+             f"{result['load_average'][1]} after"]
     for k in KINDS:
-        lat = result["all_received_ms"][k]
-        lines.append(f"  {k}: last stream has it: median {statistics.median(lat):.1f} ms "
-                     f"(min {min(lat):.1f}, max {max(lat):.1f}); encodings per edit "
-                     f"{result['encodings_per_edit'][k]}")
-    lines.append(f"  server CPU per edit (both kinds): median "
-                 f"{statistics.median(result['server_cpu_ms']):.1f} ms")
+        fig = result["kinds"][k]
+        lines.append(f"  {k}: first stream has it: {_median(fig['first_ms'])}")
+        lines.append(f"  {k}: last stream has it:  {_median(fig['last_ms'])}")
+        lines.append(f"  {k}: client CPU per edit: {_median(fig['client_cpu_ms'])}; "
+                     f"encodings per edit {fig['encodings']}")
+    lines.append(f"  server: apply (recompute, policy writes): {_median(result['apply_ms'])}")
+    lines.append(f"  server: every message handed over: {_median(result['handed_over_ms'])}"
+                 f"; its CPU (main thread) {_median(result['handed_over_cpu_ms'])}")
+    lines.append(f"  server CPU per edit (both kinds, ACKs read): "
+                 f"{_median(result['server_cpu_ms'])}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.route_edit", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("route_edit", __doc__)
     p.add_argument("--streams", type=int, default=1000, help="streams of each kind")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--channels", type=int, default=20,
-                   help="client connections the streams are spread over")
-    p.add_argument("--json", action="store_true")
+                   help="client connections the streams are spread over (all processes)")
+    p.add_argument("--procs", type=int, default=1,
+                   help="client processes per kind (each kind has its own)")
+    p.add_argument("--client-nice", type=int, default=5,
+                   help="niceness the client processes add to their own")
     p.add_argument("--profile", metavar="FILE",
                    help="profile the server during the runs (pyinstrument) into FILE")
-    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--server", help=argparse.SUPPRESS)
+    client_arguments(p)
+    p.add_argument("--kind", choices=KINDS, help=argparse.SUPPRESS)
+    p.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--nice", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
+        os.nice(args.nice)
         return asyncio.run(run_client(args))
-    result = asyncio.run(run_bench(args))
-    if args.json:
-        print_json("route_edit", rows(result), result)
-    else:
-        print(report(result))
-    return 0
+    if args.streams < 1 or args.procs < 1 or args.runs < 1:
+        p.error("--streams, --procs and --runs must be >= 1")
+    return finish("route_edit", asyncio.run(run_bench(args)), args.json, rows, report)
 
 
 if __name__ == "__main__":

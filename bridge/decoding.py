@@ -3,14 +3,20 @@ error that names what is wrong, and the checked readers of a raw object's fields
 
 Every kind's decoder (`bridge.objects`, `bridge.policy_objects`) is built from these,
 so each reports a bad field the same way: `ObjectError(kind, "ns/name", "path ...")`.
+Equal values many objects carry (a workload's labels, owners, containers) are kept
+once (`shared`), and a part a source hands out for many objects (`SharedRaw`) is
+decoded once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
-from collections.abc import Mapping
+import socket
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 Labels = Mapping[str, str]
 
@@ -43,6 +49,8 @@ class OwnerRef:
 
 
 def as_map(raw: Any, kind: str, name: str, path: str) -> Mapping[str, Any]:
+    if type(raw) is dict:  # nearly always: not the (slow) Mapping check
+        return raw
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
@@ -87,6 +95,9 @@ def as_str_map(raw: Any, kind: str, name: str, path: str) -> dict[str, str]:
     m = as_map(raw, kind, name, path)
     out: dict[str, str] = {}
     for k, v in m.items():
+        if type(k) is str and type(v) is str:
+            out[k] = v
+            continue
         if not isinstance(k, str) or not isinstance(v, str | int | float | bool):
             raise ObjectError(kind, name, f"{path}.{k} must be a string")
         out[k] = v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
@@ -95,13 +106,18 @@ def as_str_map(raw: Any, kind: str, name: str, path: str) -> dict[str, str]:
 
 def as_ip(raw: Any, kind: str, name: str, path: str) -> str:
     text = as_str(raw, kind, name, path)
+    with contextlib.suppress(OSError):  # an IPv4 address already in canonical form
+        if socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, text)) == text:
+            return text
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
         raise ObjectError(kind, name, f"{path} {text!r} is not an IP address") from None
 
 
-def decode_meta(raw: Mapping[str, Any], kind: str, namespaced: bool) -> Meta:
+def decode_meta(raw: Mapping[str, Any], kind: str, namespaced: bool,
+                annotation: Callable[[str], bool] | None = None) -> Meta:
+    """The metadata; of the annotations only those `annotation` accepts, if given."""
     md = raw.get("metadata")
     if not isinstance(md, Mapping):
         raise ObjectError(kind, "<unnamed>", "metadata is missing")
@@ -115,18 +131,81 @@ def decode_meta(raw: Mapping[str, Any], kind: str, namespaced: bool) -> Meta:
     owners = []
     for i, o in enumerate(as_list(md.get("ownerReferences"), kind, full, "ownerReferences")):
         o = as_map(o, kind, full, f"ownerReferences[{i}]")
-        owners.append(OwnerRef(as_str(o.get("kind"), kind, full, "ownerReferences.kind"),
-                               as_str(o.get("name"), kind, full, "ownerReferences.name")))
+        owners.append(shared(OwnerRef(
+            as_str(o.get("kind"), kind, full, "ownerReferences.kind"),
+            as_str(o.get("name"), kind, full, "ownerReferences.name"))))
     rv = md.get("resourceVersion")
     return Meta(
         name=name,
-        namespace=ns if namespaced else "",
+        namespace=sys.intern(ns) if namespaced else "",
         resource_version=str(rv) if rv is not None else "",
-        labels=as_str_map(md.get("labels"), kind, full, "metadata.labels"),
-        annotations=as_str_map(md.get("annotations"), kind, full, "metadata.annotations"),
-        owners=tuple(owners),
+        labels=as_labels(md.get("labels"), kind, full, "metadata.labels"),
+        annotations=as_labels(md.get("annotations"), kind, full, "metadata.annotations",
+                              annotation),
+        owners=shared(tuple(owners)),
         deleting=md.get("deletionTimestamp") is not None,
     )
+
+
+def as_labels(raw: Any, kind: str, name: str, path: str,
+              keep: Callable[[str], bool] | None = None) -> dict[str, str]:
+    """Labels or annotations (those `keep` accepts, if given), shared."""
+    if type(raw) is SharedRaw and (known := getattr(raw, "decoded", None)) is not None:
+        return cast(dict[str, str], known)
+    m = as_str_map(raw, kind, name, path)
+    if keep is not None:
+        m = {k: v for k, v in m.items() if keep(k)}
+    out = shared_map(m)
+    if type(raw) is SharedRaw:
+        raw.decoded = out
+    return out
+
+
+# Values shared between objects: the pods of one workload have equal labels, owners
+# and containers, and thousands of them are cached at once, so each equal value is
+# kept once (a 10,000-pod cache otherwise holds 10,000 copies of each). Safe because
+# decoded values are never changed. Bounded: past the limit it starts again (what
+# was shared stays shared).
+_SHARED: dict[Any, Any] = {}
+SHARED_LIMIT = 100_000
+_T = TypeVar("_T")
+
+
+def shared(value: _T, key: Any = None) -> _T:
+    """The value equal to `value` (or kept under `key`) decoded before, else `value`."""
+    k = value if key is None else key
+    found = _SHARED.get(k)
+    if found is not None:
+        return cast(_T, found)
+    if len(_SHARED) >= SHARED_LIMIT:
+        _SHARED.clear()
+    _SHARED[k] = value
+    return value
+
+
+def shared_lookup(key: Any) -> Any:
+    """What `shared` keeps under `key`, if anything."""
+    return _SHARED.get(key)
+
+
+def shared_map(m: dict[str, str]) -> dict[str, str]:
+    if not m:
+        return _EMPTY
+    return shared(m, ("map", *m.items()))
+
+
+_EMPTY: dict[str, str] = {}
+
+
+class SharedRaw(dict[str, Any]):
+    """A raw part its source hands out for many objects at once, unchanged (the kube
+    source: a workload's containers, labels and annotations, encoded identically in
+    each of its pods): it is decoded once and the value kept on it. A part is decoded
+    the same way wherever it is found (a pod's annotations are read through the same
+    filter wherever they are), so one value per part is right."""
+
+    __slots__ = ("decoded",)
+    decoded: Any
 
 
 def display_name(raw: Any) -> str:

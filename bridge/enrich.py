@@ -11,15 +11,12 @@ from __future__ import annotations
 from bridge.cluster import Cluster
 from bridge.model import EndpointId, Enrichment, MeshConfig, ProtocolHint
 from bridge.objects import EndpointSlice, Pod, Server, SliceEndpoint
+from bridge.pod_fields import ENV_ADMIN, ENV_CONTROL, ENV_INBOUND, PROXY_CONTAINER
 from bridge.port_sets import PortSpecError, parse_port_set, port_of_listen_addr
 
 CONTROL_PLANE_NS_LABEL = "linkerd.io/control-plane-ns"
 OPAQUE_PORTS_ANNOTATION = "config.linkerd.io/opaque-ports"
 SKIP_INBOUND_ANNOTATION = "config.linkerd.io/skip-inbound-ports"
-PROXY_CONTAINER = "linkerd-proxy"
-ENV_INBOUND = "LINKERD2_PROXY_INBOUND_LISTEN_ADDR"
-ENV_ADMIN = "LINKERD2_PROXY_ADMIN_LISTEN_ADDR"
-ENV_CONTROL = "LINKERD2_PROXY_CONTROL_LISTEN_ADDR"
 GATEWAY_IDENTITY_ANNOTATION = "mirror.linkerd.io/remote-gateway-identity"
 REMOTE_FQN_ANNOTATION = "mirror.linkerd.io/remote-svc-fq-name"
 

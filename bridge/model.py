@@ -63,6 +63,9 @@ class EndpointId:
     namespace: str
     name: str
     family: str = ""
+    # The linked cluster it comes from ("": the local one), so that one pod name in
+    # two clusters is two endpoints of a service served from both.
+    cluster: str = ""
 
 
 @dataclass(frozen=True, slots=True)

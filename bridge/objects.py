@@ -5,19 +5,28 @@ Every source (files, demo, sim, kube) hands plain Kubernetes-shaped mappings to
 the system can tell the sources apart. Decoding is strict about what we use and
 lenient about everything else: a field we rely on that is missing or mistyped
 raises `ObjectError` naming the object, and the caller logs it and skips it.
+
+What is not read is not kept: of a Pod, only what `bridge/pod_fields.py` names of its
+annotations and environment; of a ReplicaSet or Job, its owners. Equal values that
+many objects carry (a workload's labels, containers, owners) are kept once.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from bridge import pod_fields
 from bridge.decoding import Labels as Labels
 from bridge.decoding import Meta as Meta
 from bridge.decoding import ObjectError as ObjectError
 from bridge.decoding import (
+    SharedRaw,
     as_bool,
     as_ip,
     as_list,
@@ -26,6 +35,9 @@ from bridge.decoding import (
     as_str,
     as_str_map,
     decode_meta,
+    shared,
+    shared_lookup,
+    shared_map,
 )
 from bridge.decoding import display_name as display_name
 from bridge.kinds import Kind, KindRegistry
@@ -50,6 +62,9 @@ class Service:
     cluster_ips: tuple[str, ...] = ()
     external_name: str = ""
     internal_traffic_local: bool = False
+    # spec.selector; None when the Service has none or an empty one (its endpoints are
+    # managed by hand).
+    selector: Labels | None = None
     kind: str = "Service"
 
     def port(self, number: int) -> ServicePort | None:
@@ -201,14 +216,29 @@ class Namespace:
     kind: str = "Namespace"
 
 
+# The one Secret type meshbridge reads: a linked cluster's credentials, as
+# `linkerd multicluster link` writes them (docs/multicluster.md).
+REMOTE_KUBECONFIG_SECRET_TYPE = "mirror.linkerd.io/remote-kubeconfig"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A Secret of type `mirror.linkerd.io/remote-kubeconfig`; Secrets of any other type
+    are not decoded (nothing else is read, so nothing else is kept)."""
+
+    meta: Meta
+    data: Mapping[str, bytes]
+    kind: str = "Secret"
+
+
 KubeObject = (
     Service | EndpointSlice | Pod | Node | ReplicaSet | Job | Server | ServiceProfile
-    | Namespace | PolicyObject
+    | Namespace | Secret | PolicyObject
 )
 
 # Kinds we recognise but have no use for (logged at debug only).
 IGNORED_KINDS = frozenset(
-    {"Deployment", "StatefulSet", "DaemonSet", "CronJob", "ConfigMap", "Secret",
+    {"Deployment", "StatefulSet", "DaemonSet", "CronJob", "ConfigMap",
      "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 )
 
@@ -258,6 +288,9 @@ def _decode_service(raw: Mapping[str, Any]) -> Service:
         cluster_ips=cluster_ips,
         external_name=as_str(spec.get("externalName"), "Service", n, "spec.externalName"),
         internal_traffic_local=spec.get("internalTrafficPolicy") == "Local",
+        # An empty selector is none (as the API's protobuf, which has no empty map).
+        selector=(as_str_map(spec["selector"], "Service", n, "spec.selector")
+                  if spec.get("selector") else None),
     )
 
 
@@ -315,10 +348,10 @@ def _decode_slice(raw: Mapping[str, Any]) -> EndpointSlice:
         if e.get("targetRef") is not None:
             t = as_map(e.get("targetRef"), "EndpointSlice", n, f"{where}.targetRef")
             target = TargetRef(
-                kind=as_str(t.get("kind"), "EndpointSlice", n, "targetRef.kind"),
+                kind=sys.intern(as_str(t.get("kind"), "EndpointSlice", n, "targetRef.kind")),
                 name=as_str(t.get("name"), "EndpointSlice", n, "targetRef.name"),
-                namespace=as_str(t.get("namespace"), "EndpointSlice", n, "targetRef.namespace",
-                               meta.namespace),
+                namespace=sys.intern(as_str(t.get("namespace"), "EndpointSlice", n,
+                                            "targetRef.namespace", meta.namespace)),
             )
         zone = e.get("zone")
         endpoints.append(SliceEndpoint(
@@ -327,8 +360,10 @@ def _decode_slice(raw: Mapping[str, Any]) -> EndpointSlice:
             serving=serving,
             terminating=terminating,
             hostname=as_str(e.get("hostname"), "EndpointSlice", n, f"{where}.hostname"),
-            node_name=as_str(e.get("nodeName"), "EndpointSlice", n, f"{where}.nodeName"),
-            zone=as_str(zone, "EndpointSlice", n, f"{where}.zone") if zone is not None else None,
+            node_name=sys.intern(as_str(e.get("nodeName"), "EndpointSlice", n,
+                                        f"{where}.nodeName")),
+            zone=(sys.intern(as_str(zone, "EndpointSlice", n, f"{where}.zone"))
+                  if zone is not None else None),
             for_zones=for_zones,
             target=target,
         ))
@@ -386,33 +421,50 @@ def _decode_endpoints(raw: Mapping[str, Any]) -> EndpointSlice:
 def _decode_containers(raw: Any, n: str, path: str) -> tuple[Container, ...]:
     out = []
     for i, c in enumerate(as_list(raw, "Pod", n, path)):
-        c = as_map(c, "Pod", n, f"{path}[{i}]")
-        ports = []
-        for j, p in enumerate(as_list(c.get("ports"), "Pod", n, f"{path}[{i}].ports")):
-            p = as_map(p, "Pod", n, f"{path}[{i}].ports[{j}]")
-            ports.append(ContainerPort(
-                name=as_str(p.get("name"), "Pod", n, "ports.name"),
-                container_port=as_port(p.get("containerPort"), "Pod", n,
-                                     f"{path}[{i}].ports[{j}].containerPort"),
-                host_port=as_port(p.get("hostPort", 0), "Pod", n, "hostPort", allow_zero=True),
-            ))
-        env = {}
-        for e in as_list(c.get("env"), "Pod", n, f"{path}[{i}].env"):
-            e = as_map(e, "Pod", n, "env")
-            if isinstance(e.get("name"), str) and isinstance(e.get("value"), str):
-                env[e["name"]] = e["value"]
+        if type(c) is SharedRaw and (known := getattr(c, "decoded", None)) is not None:
+            out.append(known)
+            continue
+        # (Error paths are formatted only for an error: thousands of pods pass here.)
+        where = f"{path}[{i}]"
+        c = as_map(c, "Pod", n, where)
+        name = as_str(c.get("name"), "Pod", n, where + ".name")
+        ports: list[tuple[str, int, int]] = []
+        for j, p in enumerate(as_list(c.get("ports"), "Pod", n, where + ".ports")):
+            p = as_map(p, "Pod", n, where + ".ports[]")
+            number, host = p.get("containerPort"), p.get("hostPort", 0)
+            if type(number) is not int or not 0 < number < 65536:
+                as_port(number, "Pod", n, f"{where}.ports[{j}].containerPort")
+            if type(host) is not int or not 0 <= host < 65536:
+                as_port(host, "Pod", n, f"{where}.ports[{j}].hostPort", allow_zero=True)
+            ports.append((as_str(p.get("name"), "Pod", n, "ports.name"), cast(int, number),
+                          cast(int, host)))
+        env = []
+        if name == pod_fields.PROXY_CONTAINER:  # no other container's is read
+            for e in as_list(c.get("env"), "Pod", n, where + ".env"):
+                e = as_map(e, "Pod", n, "env")
+                if (isinstance(e.get("name"), str) and isinstance(e.get("value"), str)
+                        and pod_fields.keeps_env(name, e["name"])):
+                    env.append((e["name"], e["value"]))
         probes = []
         for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
             get = as_map(as_map(c.get(kind), "Pod", n, kind).get("httpGet"), "Pod", n, kind)
             if isinstance(get.get("port"), int | str) and not isinstance(get.get("port"), bool):
                 probes.append((get["port"], str(get.get("path") or "/").split("?")[0]))
-        out.append(Container(as_str(c.get("name"), "Pod", n, f"{path}[{i}].name"),
-                             tuple(ports), env, tuple(probes)))
-    return tuple(out)
+        # Looked up by its plain values first: a workload's next pod builds nothing.
+        key = ("container", name, *ports, "env", *env, "probes", *probes)
+        container = shared_lookup(key)
+        if container is None:
+            container = shared(Container(
+                sys.intern(name), tuple(ContainerPort(*p) for p in ports),
+                shared_map(dict(env)), tuple(probes)), key)
+        if type(c) is SharedRaw:
+            c.decoded = container
+        out.append(container)
+    return shared(tuple(out), ("containers", *map(id, out)))
 
 
 def _decode_pod(raw: Mapping[str, Any]) -> Pod:
-    meta = decode_meta(raw, "Pod", True)
+    meta = decode_meta(raw, "Pod", True, pod_fields.keeps_annotation)
     n = f"{meta.namespace}/{meta.name}"
     spec = as_map(raw.get("spec"), "Pod", n, "spec")
     status = as_map(raw.get("status"), "Pod", n, "status")
@@ -427,17 +479,22 @@ def _decode_pod(raw: Mapping[str, Any]) -> Pod:
     host_ip = status.get("hostIP")
     return Pod(
         meta=meta,
-        service_account=as_str(spec.get("serviceAccountName"), "Pod", n,
-                             "spec.serviceAccountName") or "default",
-        node_name=as_str(spec.get("nodeName"), "Pod", n, "spec.nodeName"),
+        service_account=sys.intern(as_str(spec.get("serviceAccountName"), "Pod", n,
+                                          "spec.serviceAccountName") or "default"),
+        node_name=sys.intern(as_str(spec.get("nodeName"), "Pod", n, "spec.nodeName")),
         host_network=as_bool(spec.get("hostNetwork"), "Pod", n, "spec.hostNetwork", False),
         containers=_decode_containers(spec.get("containers"), n, "spec.containers"),
         init_containers=_decode_containers(spec.get("initContainers"), n,
                                            "spec.initContainers"),
-        phase=as_str(status.get("phase"), "Pod", n, "status.phase"),
+        phase=sys.intern(as_str(status.get("phase"), "Pod", n, "status.phase")),
         pod_ips=tuple(as_ip(x, "Pod", n, "status.podIPs") for x in ips),
-        host_ip=as_ip(host_ip, "Pod", n, "status.hostIP") if host_ip else "",
+        host_ip=sys.intern(as_ip(host_ip, "Pod", n, "status.hostIP")) if host_ip else "",
     )
+
+
+def _owners_only(meta: Meta) -> Meta:
+    return Meta(meta.name, meta.namespace, meta.resource_version, owners=meta.owners,
+                deleting=meta.deleting)
 
 
 def _decode_server(raw: Mapping[str, Any]) -> Server:
@@ -465,6 +522,23 @@ def _decode_profile(raw: Mapping[str, Any]) -> ServiceProfile:
     return ServiceProfile(meta, spec)
 
 
+def _decode_secret(raw: Mapping[str, Any]) -> Secret | None:
+    meta = decode_meta(raw, "Secret", True)
+    n = f"{meta.namespace}/{meta.name}"
+    if raw.get("type") != REMOTE_KUBECONFIG_SECRET_TYPE:
+        return None
+    data: dict[str, bytes] = {}
+    for key, value in as_str_map(raw.get("data"), "Secret", n, "data").items():
+        try:
+            data[key] = base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise ObjectError("Secret", n, f"data.{key} is not base64") from None
+    # stringData: what a manifest may carry instead (the API server folds it into data).
+    for key, text in as_str_map(raw.get("stringData"), "Secret", n, "stringData").items():
+        data[key] = text.encode()
+    return Secret(meta, data)
+
+
 def _cluster_scoped(meta: Meta) -> Meta:
     return Meta(name=meta.name, namespace="")
 
@@ -477,13 +551,17 @@ CORE_KINDS: tuple[Kind, ...] = (
     Kind("Pod", _decode_pod, lambda meta: Pod(meta)),
     Kind("Node", lambda raw: Node(decode_meta(raw, "Node", False)),
          lambda meta: Node(_cluster_scoped(meta))),
-    Kind("ReplicaSet", lambda raw: ReplicaSet(decode_meta(raw, "ReplicaSet", True)),
+    # Read for their owners only (a pod's workload): no labels, no annotations kept.
+    Kind("ReplicaSet",
+         lambda raw: ReplicaSet(_owners_only(decode_meta(raw, "ReplicaSet", True))),
          lambda meta: ReplicaSet(meta)),
-    Kind("Job", lambda raw: Job(decode_meta(raw, "Job", True)), lambda meta: Job(meta)),
+    Kind("Job", lambda raw: Job(_owners_only(decode_meta(raw, "Job", True))),
+         lambda meta: Job(meta)),
     Kind("Server", _decode_server, lambda meta: Server(meta, None, 0)),
     Kind("ServiceProfile", _decode_profile, lambda meta: ServiceProfile(meta, {})),
     Kind("Namespace", lambda raw: Namespace(decode_meta(raw, "Namespace", False)),
          lambda meta: Namespace(_cluster_scoped(meta))),
+    Kind("Secret", _decode_secret, lambda meta: Secret(meta, {})),
 )
 
 # Every kind any source may send: the core's and Linkerd's policy kinds.

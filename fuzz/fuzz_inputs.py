@@ -61,7 +61,7 @@ with atheris.instrument_imports():
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from tests.unit.xds_support import World
+from testkit.xds_model import World
 
 WORLD = World()
 METRICS = XdsMetrics()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import ssl
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -34,8 +35,11 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("meshbridge.grpc")
 
-# How long a closed connection waits for the client to close its side.
+# Closing in stages (RFC 9113 §6.8): after our last frames, how long the client's input
+# is read and dropped at most, and how long it must have been quiet before the socket
+# is closed (with TLS, that is when close_notify goes: input after it is an error).
 LINGER = 2.0
+QUIET = 0.2
 # Frames queued for one connection beyond this go to the socket at once rather than
 # at the end of the loop turn: the client starts reading while a fan-out goes on.
 EAGER_FLUSH = 64 * 1024
@@ -74,6 +78,10 @@ class Connection(asyncio.Protocol):
         self._flush_scheduled = False
         self._queued = 0  # DATA bytes queued since the last flush
         self._watchdog: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._closing_since = 0.0  # when _close began: the linger's bound counts from it
+        self._last_input = 0.0  # while lingering: when the client last sent something
+        self.streams_at_end = 0  # streams still open when the connection ended
         self._ping: bytes | None = None  # our keepalive PING, unanswered
         self._ping_sent_at = 0.0
         # Calls whose handler starts once the slice that opened them is handled: a
@@ -95,7 +103,10 @@ class Connection(asyncio.Protocol):
         self.peer = _peer_text(peername)
         self.address = str(peername[0]) if isinstance(peername, tuple) else self.peer
         if transport.get_extra_info("peercert"):
-            self.auth_context = {"transport_security_type": [b"ssl"]}
+            # A verified client certificate, under the keys grpc's own server uses.
+            der = transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+            self.auth_context = {"transport_security_type": [b"ssl"],
+                                 "x509_pem_cert": [ssl.DER_cert_to_PEM_cert(der).encode()]}
         self.core.initiate()
         if not self.server.connection_made(self):
             self.core.close_with(f.ENHANCE_YOUR_CALM, "too_many_connections",
@@ -107,9 +118,14 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for timer in (self._watchdog, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._watchdog = self._linger = None
         self._reset_calls()
+        # What refers back to this connection goes, so that reference counting frees
+        # it and all it held at once (a cycle would wait for a full collection).
+        self.core.detach()
         self.server.connection_gone(self)
 
     def pause_writing(self) -> None:
@@ -126,7 +142,10 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
-            return  # lingering after our close: the client's last frames are dropped
+            # Lingering after our close: the client's last frames are dropped, and
+            # noted, so that the socket is not closed on them (see _close).
+            self._last_input = self.loop.time()
+            return
         self.core.feed(data)
         if not self._read_blocked & _PUMPING:
             self._pump()
@@ -208,16 +227,19 @@ class Connection(asyncio.Protocol):
         call: ServerCall | None = stream.owner
         if call is not None:
             call.remote_end()
+            _unlink(stream)
 
     def stream_reset(self, stream: H2Stream, code: int) -> None:
         call: ServerCall | None = stream.owner
         if call is not None:
             call.reset()
+            _unlink(stream)
 
     def stream_drained(self, stream: H2Stream) -> None:
         call: ServerCall | None = stream.owner
         if call is not None:
             call.drained()
+            _unlink(stream)
 
     def handshake_done(self) -> None:
         pass  # the watchdog reads core.handshake_complete
@@ -259,6 +281,7 @@ class Connection(asyncio.Protocol):
         block = f.trailers_block(code.value[0], details[:4096], call.headers_sent)
         call.headers_sent = True
         self.core.send_trailers(call.stream, block)
+        _unlink(call.stream)
         if code not in _NOT_FAILURES:
             self.core.failed_request()
         self._schedule()
@@ -278,6 +301,7 @@ class Connection(asyncio.Protocol):
         self.core.send_headers(call.stream, NOT_GRPC_HEADERS)
         self.core.send_data(call.stream, NOT_GRPC_BODY)
         self.core.send_trailers(call.stream, b"")
+        _unlink(call.stream)
         self._schedule()
 
     def reset(self, call: ServerCall) -> None:
@@ -285,6 +309,7 @@ class Connection(asyncio.Protocol):
         self.core.reset_stream(call.stream)
         self._schedule()
         call.reset()
+        _unlink(call.stream)
 
     def maybe_refill(self, call: ServerCall) -> None:
         """Give a stream's window back once half of it is used, unless its handler is
@@ -304,6 +329,7 @@ class Connection(asyncio.Protocol):
         if not call.ended:
             self.reset(call)
         self.server.call_done(call)
+        call.task = None  # a task that ended in an exception refers back to the call
         if self.core.going_away and not self.core.streams:
             self._close()
 
@@ -323,10 +349,13 @@ class Connection(asyncio.Protocol):
             server.call_started(call)
 
     def _reset_calls(self) -> None:
-        for stream in self.core.drop_streams():
+        streams = self.core.drop_streams()
+        self.streams_at_end += len(streams)
+        for stream in streams:
             call: ServerCall | None = stream.owner
             if call is not None:
                 call.reset()
+                _unlink(stream)
 
     def _schedule(self) -> None:
         if not self._flush_scheduled:
@@ -363,10 +392,14 @@ class Connection(asyncio.Protocol):
         self._close()
 
     def _close(self) -> None:
-        """Close after what is queued is written. Without TLS our side is shut first
-        and the client's last frames are read and dropped until it closes: closing a
-        socket with unread data in it resets the connection, and a reset can discard
-        the final statuses before the client has read them."""
+        """Close in stages, so that the client reads our last frames (a GOAWAY, final
+        statuses) rather than a reset (RFC 9113 §6.8). Closing a socket with unread
+        input in it resets the connection, and a reset can discard what we sent before
+        the client has read it. So: write what is queued, shut our side (without TLS;
+        with TLS, close_notify would make any later input an error), then read and drop
+        the client's input until it closes or has been quiet for QUIET seconds, and only
+        then close; LINGER bounds it all for a client that never stops sending or never
+        reads."""
         if self.closed:
             return
         self._flush()
@@ -376,17 +409,38 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
+        now = self.loop.time()
+        self._closing_since = self._last_input = now
         if self._read_blocked:
-            transport.resume_reading()  # read (and drop) until the client closes
+            transport.resume_reading()  # read (and drop) until the client is done
         if transport.can_write_eof():
             try:
                 transport.write_eof()
             except OSError:  # the client is gone already
-                transport.close()
+                transport.abort()
                 return
-            self.loop.call_later(LINGER, transport.close)
-        else:
+        self._linger = self.loop.call_later(QUIET, self._linger_over)
+
+    def _linger_over(self) -> None:
+        """One look at a closing connection: close once the client has been quiet (and
+        has taken what we wrote), abort once the linger is over."""
+        self._linger = None
+        transport = self.transport
+        if transport is None:
+            return
+        now = self.loop.time()
+        left = self._closing_since + LINGER - now
+        if left <= 0:
+            transport.abort()  # a client that never stops sending, or never reads
+            return
+        quiet_for = now - self._last_input
+        if quiet_for >= QUIET and not transport.get_write_buffer_size():
             transport.close()
+            # With TLS, close() waits for the client's close_notify: bounded too.
+            self._linger = self.loop.call_later(left, transport.abort)
+            return
+        self._linger = self.loop.call_later(min(left, max(0.01, QUIET - quiet_for)),
+                                            self._linger_over)
 
     # ------------------------------------------------------------ the watchdog
 
@@ -408,12 +462,21 @@ class Connection(asyncio.Protocol):
                 self._expire("handshake_timeout", "no HTTP/2 preface and SETTINGS ACK "
                              f"within {lim.handshake_timeout:g} s")
                 return
+        elif self._read_blocked & _PUMPING:
+            # Frames read and not yet handled (we handle input in slices): the client is
+            # neither idle nor silent, we are behind, and its PING ACK may be in there.
+            self._arm_watchdog()
+            return
         elif lim.idle_timeout and core.idle_since is not None \
                 and now - core.idle_since > lim.idle_timeout:
             self.server.stats.closed("idle_timeout", self.peer, "no stream for "
                                      f"{lim.idle_timeout:g} s", now)
             self.go_away()
             return
+        if self._ping is not None and core.last_read_at > self._ping_sent_at:
+            # Anything the client sent since our PING shows it is there (its ACK may
+            # wait behind what it sent before), as gRPC's servers count activity.
+            self._ping = None
         if self._ping is not None:
             if lim.keepalive_timeout and now - self._ping_sent_at > lim.keepalive_timeout:
                 self._expire("keepalive_timeout",
@@ -429,6 +492,13 @@ class Connection(asyncio.Protocol):
 
     def _expire(self, reason: str, detail: str) -> None:
         self.core.close_with(f.NO_ERROR, reason, detail)
+
+
+def _unlink(stream: H2Stream) -> None:
+    """A closed stream lets go of its call (the call keeps the stream): no cycle is
+    left for the collector, so a call's memory goes with its last reference."""
+    if stream.closed:
+        stream.owner = None
 
 
 def _timeout_seconds(value: bytes) -> float | None:

@@ -118,6 +118,7 @@ class H2Connection:
         self._recv_window = limits.connection_window  # what the client may still send
         self._recv_unacked = 0
         self._replies = 0  # control frames owed to a peer that is not reading
+        self._blocks_in_slice = 0  # header blocks handled in this call of process()
         now = clock()
         w = limits.window
         self._resets = RateBudget("resets", limits.max_resets, w)
@@ -125,9 +126,12 @@ class H2Connection:
         self._window_updates = RateBudget("window updates", limits.max_window_updates, w)
         self._priority = RateBudget("priority frames", limits.max_priority, w)
         self._empty = RateBudget("empty frames", limits.max_empty_frames, w)
-        self._failed = RateBudget("failed requests", limits.max_failed_requests, w)
+        self._failed = RateBudget("failed requests", limits.failed_request_budget, w)
+        self._malformed_requests = RateBudget("malformed requests",
+                                              limits.max_malformed_requests, w)
+        self._refused = RateBudget("refused streams", limits.max_refused_streams, w)
         for budget in (self._resets, self._settings, self._window_updates, self._priority,
-                       self._empty, self._failed):
+                       self._empty, self._failed, self._malformed_requests, self._refused):
             budget.since = now
         self._pings = PingStrikes(limits.ping_min_interval, limits.max_ping_strikes)
         self._data_frames_seen = 0  # windows.frames_sent when last looked at
@@ -157,14 +161,17 @@ class H2Connection:
         return len(self._buf)
 
     def process(self, max_bytes: int) -> bool:
-        """Handle the complete frames in the buffer, about `max_bytes` of them at most;
-        True when complete frames are left for another call."""
+        """Handle the complete frames in the buffer, about `max_bytes` of them at most
+        and at most `H2Limits.slice_requests` header blocks (a request costs far more
+        per byte than any other frame: a slice of nothing but requests would be
+        thousands); True when complete frames are left for another call."""
         buf = self._buf
         if self.terminated is not None:
             buf.clear()
             return False
         consumed = 0
         more = False
+        self._blocks_in_slice = 0
         try:
             if not self._preface and not self._read_preface(buf):
                 return False
@@ -174,7 +181,7 @@ class H2Connection:
                 self._on_frame(kind, flags, sid, payload)
                 if self.terminated is not None:
                     break
-                if consumed >= max_bytes:
+                if consumed >= max_bytes or self._blocks_in_slice >= self.limits.slice_requests:
                     more = len(buf) - consumed >= 9
                     break
         except f.FrameSizeError as e:
@@ -313,6 +320,7 @@ class H2Connection:
                                    f"header block above {self.limits.max_header_list} bytes")
 
     def _header_block(self, sid: int, flags: int, block: bytes, self_dependent: bool) -> None:
+        self._blocks_in_slice += 1
         try:
             # Decoded whatever becomes of the stream: HPACK's table must stay in step
             # with the client's (RFC 7541 §2.3.2); a block we cannot decode leaves it
@@ -340,21 +348,29 @@ class H2Connection:
             return
         self.last_stream_id = sid
         if self_dependent:
-            self._refuse(sid, f.PROTOCOL_ERROR)  # §5.3.1: a stream cannot depend on itself
+            # §5.3.1: a stream cannot depend on itself
+            self._refuse(sid, f.PROTOCOL_ERROR, self._malformed_requests)
             return
-        if self.going_away or len(self.streams) >= self.limits.max_concurrent_streams:
-            self._refuse(sid, f.REFUSED_STREAM)
+        if self.going_away:
+            self._refuse(sid, f.REFUSED_STREAM, None)  # §6.8: nothing new after our GOAWAY
+            return
+        if len(self.streams) >= self.limits.max_concurrent_streams:
+            # §5.1.2, answered before the request is looked at: refused, not failed. A
+            # client within the advertised limit is never refused, so refusals have a
+            # budget of their own, and spending it cannot end a conforming client.
+            self._refuse(sid, f.REFUSED_STREAM, self._refused)
             return
         try:
             request = parse_request(headers)
         except MalformedHeaders:
-            self._refuse(sid, f.PROTOCOL_ERROR)
+            self._refuse(sid, f.PROTOCOL_ERROR, self._malformed_requests)
             return
         stream = H2Stream(sid, self.limits.stream_window)
         stream.move(Input.RECV_HEADERS)
         stream.content_length = request.content_length
         if end and request.content_length:
-            self._refuse(sid, f.PROTOCOL_ERROR)  # a body promised and none sent
+            # A body promised and none sent.
+            self._refuse(sid, f.PROTOCOL_ERROR, self._malformed_requests)
             return
         self.streams[sid] = stream
         self.idle_since = None
@@ -564,6 +580,15 @@ class H2Connection:
             self._forget(stream, RESET_BY_US)
         return streams
 
+    def detach(self) -> None:
+        """The connection is gone: drop what refers back to the layer above, and the
+        buffers (reference counting then frees the rest)."""
+        self.events = _DETACHED
+        self.windows.detach()
+        self._buf = bytearray()
+        self._closed.clear()
+        self.out.clear()
+
     def data_to_send(self) -> bytes:
         data = b"".join(self.out)
         self.out.clear()
@@ -618,14 +643,16 @@ class H2Connection:
 
     def _malformed(self, stream: H2Stream, _why: str) -> None:
         self._stream_error(stream, f.PROTOCOL_ERROR)
-        self.failed_request()
+        if not self._malformed_requests.spend(self.clock()):
+            raise _calm(self._malformed_requests)
 
-    def _refuse(self, sid: int, code: int) -> None:
-        """A stream reset before it started (refused, or its request malformed)."""
+    def _refuse(self, sid: int, code: int, budget: RateBudget | None) -> None:
+        """A stream reset before it started (refused, or its request malformed), spending
+        `budget`."""
         self._reply(f.rst_stream(sid, code))
         self._remember(sid, RESET_BY_US)
-        if not self._failed.spend(self.clock()):
-            raise _calm(self._failed)
+        if budget is not None and not budget.spend(self.clock()):
+            raise _calm(budget)
 
     def _reset_id(self, sid: int, code: int) -> None:
         stream = self.streams.get(sid)
@@ -681,11 +708,44 @@ class H2Connection:
             self.events.handshake_done()
 
     def _terminate(self, error: ConnectionError_) -> None:
+        # Kept without its traceback: the frames in it refer back to this connection.
+        error.__traceback__ = error.__context__ = error.__cause__ = None
         self.terminated = error
         self.going_away = True
         self._block = None
         self.out.append(f.goaway(self.last_stream_id, error.code, str(error).encode()[:200]))
         self.events.terminated(error.code, error.reason)
+
+
+class _Detached:
+    """The events of a connection that is gone: nobody listens."""
+
+    def request_received(self, stream: H2Stream, request: Request, end_stream: bool) -> None:
+        pass
+
+    def stream_data(self, stream: H2Stream, data: bytes) -> None:
+        pass
+
+    def stream_ended(self, stream: H2Stream) -> None:
+        pass
+
+    def stream_reset(self, stream: H2Stream, code: int) -> None:
+        pass
+
+    def stream_drained(self, stream: H2Stream) -> None:
+        pass
+
+    def handshake_done(self) -> None:
+        pass
+
+    def ping_acked(self, payload: bytes) -> None:
+        pass
+
+    def terminated(self, code: int, reason: str) -> None:
+        pass
+
+
+_DETACHED = _Detached()
 
 
 def _unpad(payload: bytes) -> bytes:

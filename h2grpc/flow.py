@@ -96,11 +96,22 @@ class SendWindows:
             self._unfile(stream)
         self._on_drained(stream)
 
+    def detach(self) -> None:
+        """The connection is gone: no more callbacks (the one we hold refers back to it),
+        no stream kept."""
+        self._on_drained = _ignore
+        self._connection_waiters.clear()
+        self._stream_waiters.clear()
+        self._stream_blocked = 0
+
     def forget(self, stream: H2Stream) -> None:
-        """The stream is closed: it waits for nothing any more."""
+        """The stream is closed: it waits for nothing any more (and the heap keeps no
+        closed streams for long: a connection whose streams all ended holds none)."""
         stream.pending = None
         stream.pending_bytes = 0
         self._unfile(stream)
+        if len(self._stream_waiters) > 2 * self._stream_blocked + 64:
+            self._compact()
 
     # ------------------------------------------------------------ window changes
 
@@ -183,3 +194,7 @@ class SendWindows:
     def blocked(self) -> int:
         """Streams with data the windows hold back."""
         return len(self._connection_waiters) + self._stream_blocked
+
+
+def _ignore(_stream: H2Stream) -> None:
+    pass

@@ -110,7 +110,7 @@ def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
 # ---------------------------------------------------------------------- HPACK out
 
 
-def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
+def integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
     """RFC 7541 §5.1 integer with an N-bit prefix; `first` holds the bits above it."""
     limit = (1 << prefix_bits) - 1
     if value < limit:
@@ -126,7 +126,7 @@ def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
 
 def literal(name: bytes, value: bytes) -> bytes:
     """A literal field without indexing, with a literal name (RFC 7541 §6.2.2), no Huffman."""
-    return (b"\x00" + _integer(len(name), 7) + name + _integer(len(value), 7) + value)
+    return (b"\x00" + integer(len(name), 7) + name + integer(len(value), 7) + value)
 
 
 STATUS_200 = b"\x88"  # static table entry 8 (:status 200), indexed

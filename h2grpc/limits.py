@@ -39,8 +39,12 @@ class H2Limits:
     max_priority: int = _knob(1_000, "PRIORITY frames per window")
     max_empty_frames: int = _knob(1_000, "DATA/HEADERS/CONTINUATION frames carrying nothing, "
                                   "per window")
-    max_failed_requests: int = _knob(1_000, "requests per window that end in an error status "
-                                     "or are refused")
+    max_failed_requests: int = _knob(1_000, "requests per window that end in an error status, "
+                                     "beyond --max-streams-per-connection")
+    max_malformed_requests: int = _knob(1_000, "malformed requests per window (each reset "
+                                        "with PROTOCOL_ERROR)")
+    max_refused_streams: int = _knob(2_000, "streams per window refused for opening beyond "
+                                     "--max-streams-per-connection")
     max_control_replies: int = _knob(10_000, "control frames (PING/SETTINGS ACKs, RST_STREAM) "
                                      "owed to a peer that is not reading")
 
@@ -61,8 +65,22 @@ class H2Limits:
 
     # Fairness between connections.
     read_slice: int = _knob(64 * 1024, "bytes of input handled per loop turn per connection")
+    slice_requests: int = _knob(100, "header blocks (requests) handled per loop turn per "
+                                "connection")
     write_high_water: int = _knob(4 << 20, "unsent bytes above which the server stops reading "
                                   "that peer")
+
+
+    @property
+    def failed_request_budget(self) -> int:
+        """Failed requests a connection may have per window (0: no limit). Every stream
+        the client may have open at once may fail without spending `max_failed_requests`:
+        a client within the advertised concurrency cannot exhaust the budget in one
+        burst (h2spec's §5.1.2 case holds that many failing requests open, then opens
+        one more to see it refused)."""
+        if self.max_failed_requests <= 0:
+            return 0
+        return self.max_failed_requests + self.max_concurrent_streams
 
 
 def flag_of(name: str) -> str:

@@ -22,7 +22,8 @@ import grpc
 import structlog
 
 from h2grpc.call import ServerCall
-from h2grpc.connection import Connection
+from h2grpc.connection import LINGER, Connection
+from h2grpc.heap import HeapTrimmer
 from h2grpc.limits import H2Limits
 
 log = structlog.get_logger("meshbridge.grpc")
@@ -115,6 +116,9 @@ class Server:
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._no_connections = asyncio.Event()
+        self._no_connections.set()
+        self.heap: HeapTrimmer | None = None  # from start(): it needs the loop
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         self.handlers = (*self.handlers, *handlers)
@@ -127,6 +131,7 @@ class Server:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.heap = HeapTrimmer(loop)
         for sock, context in self._sockets:
             self._servers.append(await loop.create_server(
                 lambda: Connection(self), sock=sock, ssl=context,
@@ -148,9 +153,15 @@ class Server:
             await asyncio.wait(list(self._tasks), timeout=1.0)
         for conn in list(self.connections):
             conn.abandon()  # streams whose end a client never read
+        # Closing connections linger until their clients have read the GOAWAY
+        # (h2grpc.connection._close); they are bounded, and waited for here.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._no_connections.wait(), LINGER + 1.0)
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
+        if self.heap is not None:
+            self.heap.close()
 
     # ------------------------------------------------------------ for connections
 
@@ -164,11 +175,14 @@ class Server:
             self._tasks.discard(call.task)
         if not self._tasks:
             self._idle.set()
+        if self.heap is not None:
+            self.heap.streams_ended()
 
     def connection_made(self, conn: Connection) -> bool:
         """Count the connection; False when its address already has as many as it may."""
         self.stats.accepted += 1
         self.connections.add(conn)
+        self._no_connections.clear()
         count = self._per_address.add(conn.address)
         limit = self.limits.max_connections_per_client
         return not limit or count <= limit
@@ -177,6 +191,10 @@ class Server:
         if conn in self.connections:
             self.connections.discard(conn)
             self._per_address.remove(conn.address)
+            if not self.connections:
+                self._no_connections.set()
+            if self.heap is not None:
+                self.heap.connection_closed(conn.streams_at_end)
 
     @property
     def open_streams(self) -> int:

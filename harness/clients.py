@@ -23,7 +23,15 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from harness.normalize import NormalEndpoint, State, from_cla, from_weighted_addr
+from harness.normalize import (
+    NormalEndpoint,
+    State,
+    address_term,
+    from_cla,
+    from_weighted_addr,
+    sum_digest,
+    tcp_address,
+)
 from linkerd_api.proto import destination_pb2
 
 GET = "/io.linkerd.proxy.destination.Destination/Get"
@@ -42,6 +50,9 @@ class Received:
     size: int  # bytes of the message on the wire (protobuf payload)
     states: tuple[tuple[str, State], ...]  # (target, state after applying) per target touched
     kind: str = ""  # add | remove | no_endpoints | response
+    # (target, address digest after applying), from a client that keeps its digests
+    # change by change instead of handing out states (LinkerdClient(snapshots=False)).
+    digests: tuple[tuple[str, str], ...] | None = None
 
 
 Observer = Callable[[Received], None]
@@ -52,9 +63,37 @@ class TargetState:
     endpoints: dict[tuple[str, int], NormalEndpoint] = field(default_factory=dict)
     exists: bool | None = None  # from no_endpoints (xDS: False once delta-removed)
     status: str = ""  # the stream's final status, if it ended
+    # The address digest's running sum (harness.normalize.sum_digest), kept by `put`
+    # and `drop`; None once `endpoints` was assigned whole (computed again if asked).
+    _sum: int | None = 0
 
     def state(self) -> State:
         return frozenset(self.endpoints.values())
+
+    def put(self, ep: NormalEndpoint) -> None:
+        key = (ep.address, ep.port)
+        if key not in self.endpoints and self._sum is not None:
+            self._sum += address_term(ep.addr)
+        self.endpoints[key] = ep
+
+    def drop(self, key: tuple[str, int]) -> None:
+        ep = self.endpoints.pop(key, None)
+        if ep is not None and self._sum is not None:
+            self._sum -= address_term(ep.addr)
+
+    def clear(self) -> None:
+        self.endpoints.clear()
+        self._sum = 0
+
+    def assign(self, endpoints: dict[tuple[str, int], NormalEndpoint]) -> None:
+        self.endpoints = endpoints
+        self._sum = None
+
+    def digest(self) -> str:
+        """The address digest of `state()`, in O(1) while kept by put/drop."""
+        if self._sum is None:
+            self._sum = sum(address_term(e.addr) for e in self.endpoints.values())
+        return sum_digest(self._sum)
 
 
 class LinkerdClient:
@@ -63,12 +102,17 @@ class LinkerdClient:
     model = "linkerd"
 
     def __init__(self, channel: grpc.aio.Channel, targets: Iterable[str], client_id: int = 0,
-                 token: str = "", observe: Observer | None = None) -> None:
+                 token: str = "", observe: Observer | None = None,
+                 snapshots: bool = True) -> None:
         self.channel = channel
         self.targets = list(targets)
         self.client_id = client_id
         self.token = token
         self.observe = observe
+        # False: each Received carries the target's address digest, not its whole state,
+        # so that a message costs the client what it changed (a diff of one endpoint in
+        # a service of 5,000 must not cost a 5,000-endpoint state).
+        self.snapshots = snapshots
         self.state: dict[str, TargetState] = {t: TargetState() for t in self.targets}
         self.messages = 0
         self.bytes = 0
@@ -100,21 +144,24 @@ class LinkerdClient:
         kind = update.WhichOneof("update") or ""
         if kind == "add":
             for wa in update.add.addrs:
-                ep = from_weighted_addr(wa)
-                st.endpoints[(ep.address, ep.port)] = ep
+                st.put(from_weighted_addr(wa))
         elif kind == "remove":
             for addr in update.remove.addrs:
-                ep = from_weighted_addr(destination_pb2.WeightedAddr(addr=addr))
-                st.endpoints.pop((ep.address, ep.port), None)
+                st.drop(tcp_address(addr))
         elif kind == "no_endpoints":
-            st.endpoints.clear()
+            st.clear()
             st.exists = update.no_endpoints.exists
         self.messages += 1
         self.bytes += len(raw)
         self.first_message[target].set()
         if self.observe is not None:
-            self.observe(Received(self.model, self.client_id, time.monotonic_ns(), len(raw),
-                                  ((target, st.state()),), kind))
+            at = time.monotonic_ns()
+            if self.snapshots:
+                self.observe(Received(self.model, self.client_id, at, len(raw),
+                                      ((target, st.state()),), kind))
+            else:
+                self.observe(Received(self.model, self.client_id, at, len(raw), (), kind,
+                                      ((target, st.digest()),)))
 
 
 async def run_ads(method: grpc.aio.StreamStreamMultiCallable, first: bytes,
@@ -212,7 +259,7 @@ class XdsClient:
 
     def _set(self, name: str, state: State, exists: bool | None = None) -> tuple[str, State]:
         st = self.state.setdefault(name, TargetState())
-        st.endpoints = {(e.address, e.port): e for e in state}
+        st.assign({(e.address, e.port): e for e in state})
         st.exists = exists
         self.received.add(name)
         if self.received.issuperset(self.targets):

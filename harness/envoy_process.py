@@ -42,9 +42,11 @@ def eds_cluster(name: str, service_name: str) -> dict[str, Any]:
 def bootstrap(xds_port: int, api_type: str, node_id: str, cluster: str = "meshbridge",
               locality: dict[str, str] | None = None,
               metadata: dict[str, str] | None = None,
-              static_clusters: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              static_clusters: list[dict[str, Any]] | None = None,
+              static_listeners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Envoy's ADS bootstrap (xDS §4.1), GRPC or DELTA_GRPC; `metadata` is the node's
-    (e.g. `meshbridge.io/leds: always`), `static_clusters` more bootstrap clusters."""
+    (e.g. `meshbridge.io/leds: always`), `static_clusters` more bootstrap clusters and
+    `static_listeners` bootstrap listeners (an app's outbound port, say)."""
     node: dict[str, Any] = {"id": node_id, "cluster": cluster}
     if locality:
         node["locality"] = locality
@@ -78,8 +80,28 @@ def bootstrap(xds_port: int, api_type: str, node_id: str, cluster: str = "meshbr
                         "connection_keepalive": {"interval": "30s", "timeout": "5s"}}},
                 },
             },
-        }, *(static_clusters or [])]},
+        }, *(static_clusters or [])], "listeners": list(static_listeners or [])},
     }
+
+
+def http_listener(port: int, cluster: str) -> dict[str, Any]:
+    """A listener on 127.0.0.1:`port` sending every HTTP request to `cluster`."""
+    return {
+        "name": f"outbound-{port}",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                         "http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": f"outbound_{port}",
+                # The cluster comes over CDS after the bootstrap is read.
+                "route_config": {"validate_clusters": False, "virtual_hosts": [{
+                    "name": "all", "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster}}]}]},
+                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3."
+                             "Router"}}]}}]}]}
 
 
 class Envoy:
@@ -87,10 +109,12 @@ class Envoy:
                  node_id: str = "envoy", cluster: str = "meshbridge",
                  locality: dict[str, str] | None = None, log_level: str = "info",
                  metadata: dict[str, str] | None = None,
-                 static_clusters: list[dict[str, Any]] | None = None) -> None:
+                 static_clusters: list[dict[str, Any]] | None = None,
+                 static_listeners: list[dict[str, Any]] | None = None) -> None:
         self.binary = binary
         self.metadata = metadata
         self.static_clusters = static_clusters
+        self.static_listeners = static_listeners
         self.cluster = cluster
         self.locality = locality
         self.log_level = log_level
@@ -107,7 +131,7 @@ class Envoy:
         config = self.workdir / "bootstrap.json"
         config.write_text(json.dumps(bootstrap(self.xds_port, self.api_type, self.node_id,
                                                self.cluster, self.locality, self.metadata,
-                                               self.static_clusters)))
+                                               self.static_clusters, self.static_listeners)))
         address_file = self.workdir / "admin-address"
         address_file.unlink(missing_ok=True)
         self.proc = await asyncio.create_subprocess_exec(

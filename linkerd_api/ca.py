@@ -14,7 +14,8 @@ Secret holds them) or generated at start, for the demo and the tests.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+import ipaddress
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,11 +125,12 @@ class CertificateAuthority:
                              f"not {identity}")
         return self._sign(key, identity)
 
-    def issue(self, identity: str) -> tuple[bytes, bytes]:
+    def issue(self, identity: str, also: Sequence[str] = ()) -> tuple[bytes, bytes]:
         """A key and a certificate for `identity`, as PEM: for meshbridge's own
-        control-plane names (the destination, policy and identity addresses)."""
+        control-plane names (the destination, policy and identity addresses) and its
+        admission webhook; `also`: more names (DNS names or IP addresses) it is for."""
         key = ec.generate_private_key(ec.SECP256R1())
-        signed = self._sign(key.public_key(), identity)
+        signed = self._sign(key.public_key(), identity, also)
         chain = [signed.leaf, *signed.intermediates]
         pem = b"".join(x509.load_der_x509_certificate(c).public_bytes(serialization.Encoding.PEM)
                        for c in chain)
@@ -137,7 +139,8 @@ class CertificateAuthority:
                                     serialization.NoEncryption())
         return pem, key_pem
 
-    def _sign(self, key: ec.EllipticCurvePublicKey, identity: str) -> Signed:
+    def _sign(self, key: ec.EllipticCurvePublicKey, identity: str,
+              also: Sequence[str] = ()) -> Signed:
         now = self.clock()
         # Certificates hold whole seconds: valid_until must say what the leaf says.
         not_after = (now + self.lifetime).replace(microsecond=0)
@@ -165,8 +168,9 @@ class CertificateAuthority:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]),
                            critical=False)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(identity)]),
-                           critical=not fits)
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName(identity), *(_general_name(n) for n in also)]),
+                critical=not fits)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
                 self.issuer.key.public_key()), critical=False)
             .sign(self.issuer.key, hashes.SHA256())
@@ -175,6 +179,14 @@ class CertificateAuthority:
                       tuple(c.public_bytes(serialization.Encoding.DER)
                             for c in self.issuer.chain),
                       not_after)
+
+
+def _general_name(name: str) -> x509.GeneralName:
+    """A subject alternative name: an IP address as such, anything else as DNS."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
 
 
 def _ca_certificate(name: str, key: ec.EllipticCurvePrivateKey,

@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from bridge.model import ViewKey
+from bridge.cluster import Cluster
+from bridge.model import ResolvedEndpoint, ServiceKey, ViewKey
+from bridge.multicluster.views import MultiClusterViews
 from bridge.views import Derivation, View, ViewChange
 from linkerd_api.queue import Outgoing, UpdateQueue
 from linkerd_api.translate import Translator, has_ready, ready_diff, ready_endpoints, set_labels
@@ -24,6 +26,8 @@ Semantics = Literal["proto", "linkerd-2.20"]
 SEMANTICS: tuple[Semantics, ...] = ("proto", "linkerd-2.20")
 
 Messages = tuple[Outgoing, ...]
+# The set labels of a View's endpoints from one member cluster ("": the View's own).
+Labeller = Callable[[str], dict[str, str]]
 
 
 class UpdateEncoder:
@@ -37,9 +41,11 @@ class UpdateEncoder:
     Both send the whole set as one `add` first, then `add` before `remove` per change.
     """
 
-    def __init__(self, translator: Translator, semantics: Semantics) -> None:
+    def __init__(self, translator: Translator, semantics: Semantics,
+                 views: MultiClusterViews | None = None) -> None:
         self.translator = translator
         self.semantics = semantics
+        self.views = views
         self.messages = Derivation("linkerd-messages", lambda view: ViewMessages(self, view))
 
     def snapshot(self, view: View) -> Messages:
@@ -50,21 +56,42 @@ class UpdateEncoder:
         """What every subscriber is sent for `change` (the view's current version)."""
         return view.derived(self.messages).diff(change)
 
-    def snapshot_messages(self, view: View, labels: dict[str, str]) -> list[bytes]:
+    def labels_source(self, view: View, member_cluster: str) -> tuple[Cluster, ServiceKey]:
+        """Where the set labels of `view`'s endpoints from `member_cluster` are read: a
+        View served from other clusters' Views has the labels of each member's own
+        service and slices, as each of Linkerd's per-member translators sends them."""
+        cluster, service = view.cluster, view.key.service
+        merged = self.views.merged_port(view) if self.views is not None else None
+        if merged is not None and self.views is not None:
+            member = merged.member_in(member_cluster)
+            if member is not None:
+                service = member.service
+                cluster = self.views.cluster_named(member.cluster) or cluster
+        return cluster, service
+
+    def _adds(self, endpoints: list[ResolvedEndpoint], labels: Labeller) -> list[bytes]:
+        """One `add` per member cluster the endpoints come from (one for a View of
+        one cluster), each with its set labels."""
+        by_cluster: dict[str, list[ResolvedEndpoint]] = {}
+        for r in endpoints:
+            by_cluster.setdefault(r.id.cluster, []).append(r)
+        return [self.translator.add(group, labels(cluster))
+                for cluster, group in sorted(by_cluster.items())]
+
+    def snapshot_messages(self, view: View, labels: Labeller) -> list[bytes]:
         ready = ready_endpoints(view.snapshot)
         if ready:
-            return [self.translator.add(ready, labels)]
+            return self._adds(ready, labels)
         if self.semantics == "proto":
             return [self.translator.no_endpoints(view.exists)]
         return []
 
-    def diff_messages(self, view: View, change: ViewChange,
-                      labels: Callable[[], dict[str, str]]) -> list[bytes]:
+    def diff_messages(self, view: View, change: ViewChange, labels: Labeller) -> list[bytes]:
         added, removed = ready_diff(change)
         out: list[bytes] = []
         # Add before remove, as Linkerd's publishDiff does (§2.5).
         if added:
-            out.append(self.translator.add(added, labels()))
+            out.extend(self._adds(added, labels))
         if removed:
             out.append(self.translator.remove(removed))
         if (self.semantics == "proto" and (removed or change.exists_changed)
@@ -76,35 +103,36 @@ class UpdateEncoder:
 class ViewMessages:
     """One View's messages under one encoder: the snapshot a new stream is sent and
     the current version's diff, each encoded at most once per version, and the set
-    labels, read from the service's slices again only when one of them changed
-    (`Cluster.slice_stamps`), not on every version."""
+    labels of each member cluster, read from the service's slices again only when one
+    of them changed (`Cluster.slice_stamps`), not on every version."""
 
-    __slots__ = ("_diff", "_encoder", "_labels", "_snapshot", "_stamp", "view")
+    __slots__ = ("_diff", "_encoder", "_labels", "_snapshot", "view")
 
     def __init__(self, encoder: UpdateEncoder, view: View) -> None:
         self._encoder = encoder
         self.view = view
         self._snapshot: Messages | None = None
         self._diff: Messages | None = None
-        self._stamp = -1
-        self._labels: dict[str, str] = {}
+        self._labels: dict[str, tuple[int, dict[str, str]]] = {}  # member -> (stamp, labels)
 
     def advance(self, change: ViewChange) -> None:
         self._snapshot = self._diff = None
 
-    def labels(self) -> dict[str, str]:
-        view = self.view
-        stamp = view.cluster.slice_stamps.get(view.key.service, 0)
-        if stamp != self._stamp:
-            self._labels = set_labels(view.cluster, view.key.service)
-            self._stamp = stamp
-        return self._labels
+    def labels(self, member_cluster: str = "") -> dict[str, str]:
+        cluster, service = self._encoder.labels_source(self.view, member_cluster)
+        stamp = cluster.slice_stamps.get(service, 0)
+        hit = self._labels.get(member_cluster)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        labels = set_labels(cluster, service)
+        self._labels[member_cluster] = (stamp, labels)
+        return labels
 
     def snapshot(self) -> Messages:
         if self._snapshot is None:
             version = str(self.view.version)
             self._snapshot = tuple(
-                (version, m) for m in self._encoder.snapshot_messages(self.view, self.labels()))
+                (version, m) for m in self._encoder.snapshot_messages(self.view, self.labels))
         return self._snapshot
 
     def diff(self, change: ViewChange) -> Messages:
@@ -118,7 +146,7 @@ class ViewMessages:
 class EndpointStream(UpdateQueue):
     """One Get RPC's subscription to one View: queues what the encoder produced."""
 
-    __slots__ = ("encoder", "key", "label", "on_overflow", "peer")
+    __slots__ = ("encoder", "ends_with_service", "key", "label", "on_overflow", "peer")
 
     def __init__(self, capacity: int, encoder: UpdateEncoder, key: ViewKey, label: str,
                  peer: str, on_overflow: Callable[[EndpointStream], None]) -> None:
@@ -128,9 +156,14 @@ class EndpointStream(UpdateQueue):
         self.label = label  # the `service` label of this stream's metrics
         self.peer = peer
         self.on_overflow = on_overflow
+        # A federated Service's stream ends when the Service does (status OK).
+        self.ends_with_service = False
 
     def on_view_change(self, view: View, change: ViewChange) -> None:
         if self.ended:
+            return
+        if self.ends_with_service and not view.exists:
+            self.end()
             return
         messages = self.encoder.diff(view, change)
         if messages and self.info is not None:

@@ -23,3 +23,11 @@ class NoSuchWorkload(DestinationError):
 
 class AmbiguousAddress(DestinationError):
     """More than one Service or pod claims the requested address."""
+
+
+class NotRemoteDiscoverable(DestinationError):
+    """A remote-discovery mirror that does not say which remote service it mirrors."""
+
+
+class UnknownCluster(DestinationError):
+    """A remote-discovery mirror names a cluster that is not linked."""

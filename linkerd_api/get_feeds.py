@@ -33,8 +33,7 @@ from linkerd_api.writer import DestinationWriter, decode_request, endpoint_overf
 
 if TYPE_CHECKING:
     from linkerd_api.service import DestinationService
-    from meshbridge.host import WorkerHost
-    from meshbridge.workers.link import Link
+    from meshbridge.host import Link, WorkerHost
 
 log = structlog.get_logger("meshbridge.linkerd")
 

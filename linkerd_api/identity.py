@@ -39,7 +39,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import prometheus_client
@@ -47,12 +46,12 @@ import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from bridge.model import MeshConfig
-from bridge.sources.kube import KubeSource
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from linkerd_api.ca import BadRequest, CertificateAuthority, Issuer, generate_issuer, load_issuer
 from linkerd_api.control_tls import ControlNames, ControlPlaneTls, control_names
 from linkerd_api.proto import identity_pb2
+from linkerd_api.service import RepeatLog
 from linkerd_api.token_review import KubeTokenReview
 from linkerd_api.tokens import (
     InvalidToken,
@@ -62,7 +61,7 @@ from linkerd_api.tokens import (
     StaticTokens,
     TokenReviewer,
 )
-from meshbridge.host import Host
+from meshbridge.host import GrpcServer, Host, Layer
 
 log = structlog.get_logger("meshbridge.identity")
 
@@ -130,25 +129,31 @@ def options_from_args(args: argparse.Namespace) -> IdentityOptions:
                            args.identity_listen, args.tls_from_identity)
 
 
-def register(host: Host, server: Any) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     options = host.options_for(IdentityOptions)
-    if options.tls_from_identity and not isinstance(server, NativeServer):
+    if options.tls_from_identity and not host.sni_certificates:
+        # The port presents linkerd-destination or linkerd-identity by SNI.
         raise ValueError("--tls-from-identity needs --grpc-transport native")
     service = IdentityService(host.config, options, host.metrics, reviewer_for(host, options),
                               limits=dataclasses.replace(
                                   host.limits.h2,
                                   max_message_bytes=host.limits.max_message_bytes))
     server.add_generic_rpc_handlers((service.handler(),))
+    host.add_hooks(service)
     host.keep("identity", service)
 
 
+LAYER = Layer("linkerd_api.identity", register, (IdentityOptions,))
+
+
 def reviewer_for(host: Host, options: IdentityOptions) -> TokenReviewer:
-    """Static tokens when given; else the kube source's TokenReview; else none."""
+    """Static tokens when given; else a TokenReview through the API the source
+    watches; else none."""
     if options.tokens is not None:
         return StaticTokens.read(options.tokens)
-    source = getattr(host, "source", None)  # the App has one; a Host need not
-    if isinstance(source, KubeSource):
-        return KubeTokenReview.for_source(source)
+    credentials = host.kube_credentials()
+    if credentials is not None:
+        return KubeTokenReview(credentials)
     return NoReviewer()
 
 
@@ -180,7 +185,9 @@ class IdentityService:
         self.listener: NativeServer | None = None
         self.listen_port = 0
         self._renewals: asyncio.Task[None] | None = None
-        self._logged: dict[tuple[str, str], float] = {}
+        # Keyed by the peer's address, not its port (a client reconnecting from ever new
+        # ports is one peer), and bounded: a flood of refusals grows nothing.
+        self._logged = RepeatLog(LOG_EVERY)
         registry = registry or prometheus_client.CollectorRegistry()
         # Linkerd's identity controller's gauge: seconds left until the issuer expires
         # (negative once it has), computed at each scrape.
@@ -196,7 +203,7 @@ class IdentityService:
                  ttl_seconds=int(expires - time.time()),
                  trust_anchors=str(self.trust_anchors_path), reviewer=type(self.reviewer).__name__)
 
-    # ---------------------------------------------------------- listeners (App hooks)
+    # ---------------------------------------------------------- LayerHooks
 
     def grpc_port_tls(self) -> ssl.SSLContext | None:
         """The gRPC port's TLS (--tls-from-identity), or None: the App's own choice."""
@@ -329,10 +336,9 @@ class IdentityService:
     async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode,
                       reason: str, detail: str) -> None:
         self.answers.labels(reason).inc()
-        key, now = (context.peer(), reason), time.monotonic()
-        if now - self._logged.get(key, -LOG_EVERY) >= LOG_EVERY:
-            self._logged[key] = now
-            log.warning("certify refused", peer=context.peer(), reason=reason, detail=detail)
+        peer = context.peer()
+        if self._logged.admit((peer.rpartition(":")[0] or peer, reason)) is not None:
+            log.warning("certify refused", peer=peer, reason=reason, detail=detail)
         await context.abort(code, detail)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from meshbridge.stream_registry import StreamInfo
+from meshbridge.host import StreamInfo
 
 # A message as queued: (the version it describes, for /debug/streams; its bytes). The
 # tuples are built once per version and shared by every stream that queues them.

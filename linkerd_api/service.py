@@ -28,6 +28,8 @@ import structlog
 
 from bridge.authority import AuthorityError, view_authority
 from bridge.model import FilterKey, ServiceKey, ViewKey
+from bridge.multicluster.views import MissingRemoteService
+from bridge.multicluster.views import UnknownCluster as UnknownClusterError
 from bridge.views import InvalidService, View, ViewSubscriber
 from linkerd_api.authority import (
     ContextToken,
@@ -41,6 +43,8 @@ from linkerd_api.errors import (
     BadRequest,
     DestinationError,
     NoSuchWorkload,
+    NotRemoteDiscoverable,
+    UnknownCluster,
     UnknownService,
 )
 from linkerd_api.get_feeds import GetFeeds, MirroredGet
@@ -58,7 +62,7 @@ from linkerd_api.queue import UpdateQueue
 from linkerd_api.render import to_dict
 from linkerd_api.translate import Translator, address_text, ready_endpoints, set_labels
 from linkerd_api.writer import DestinationWriter, decode_request, endpoint_overflow_counter
-from meshbridge.host import FeedHub, GrpcServer, Host, WorkerHost
+from meshbridge.host import FeedHub, GrpcServer, Host, Layer, WorkerHost
 
 log = structlog.get_logger("meshbridge.linkerd")
 
@@ -71,6 +75,8 @@ STATUS_OF: dict[type[DestinationError], grpc.StatusCode] = {
     UnknownService: grpc.StatusCode.NOT_FOUND,
     NoSuchWorkload: grpc.StatusCode.NOT_FOUND,
     AmbiguousAddress: grpc.StatusCode.FAILED_PRECONDITION,
+    NotRemoteDiscoverable: grpc.StatusCode.FAILED_PRECONDITION,
+    UnknownCluster: grpc.StatusCode.NOT_FOUND,
 }
 
 # A real linkerd2-proxy retries a refused Get with backoff for as long as its balancer
@@ -124,9 +130,13 @@ def options_from_args(args: argparse.Namespace) -> LinkerdOptions:
     return LinkerdOptions(args.destination_semantics, args.stream_queue_capacity)
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     """Mount the destination service on the host's gRPC server."""
-    service = DestinationService(host, host.options_for(LinkerdOptions))
+    options = host.options_for(LinkerdOptions)
+    if options.semantics == "linkerd-2.20" and host.views.store is not None:
+        # Linkerd 2.20 leaves an unlinked cluster's endpoints on open streams.
+        host.views.store.keep_on_unlink = True
+    service = DestinationService(host, options)
     server.add_generic_rpc_handlers((service.handler(),))
     host.on_stop(service.stop)
     host.add_renderer("linkerd", service.render_view)
@@ -146,6 +156,10 @@ def register_worker(host: WorkerHost, server: GrpcServer) -> None:
     host.keep("linkerd", get)
 
 
+LAYER = Layer("linkerd_api.service", register, (LinkerdOptions,),
+              feeds=register_feeds, worker=register_worker)
+
+
 class DestinationService:
     def __init__(self, host: Host, options: LinkerdOptions) -> None:
         self.host = host
@@ -154,7 +168,7 @@ class DestinationService:
         self.semantics: Semantics = options.semantics
         self.capacity = options.stream_queue_capacity
         self.translator = Translator(host.config)
-        self.encoder = UpdateEncoder(self.translator, self.semantics)
+        self.encoder = UpdateEncoder(self.translator, self.semantics, host.views)
         self.profiles = ProfileRegistry(host.cluster, host.config, self.translator,
                                         self.semantics)
         self.writer = DestinationWriter(host.metrics, host.streams)
@@ -202,6 +216,7 @@ class DestinationService:
             stream = EndpointStream(self.capacity, self.encoder, key, label, peer,
                                     self._endpoint_overflow)
             view = self.subscribe_get(key, stream, path)
+            stream.ends_with_service = self.ends_with_service(view)
         except DestinationError as e:
             await context.abort(*self.refused("Get", peer, path, e))
             return
@@ -220,12 +235,23 @@ class DestinationService:
         return key, view_authority(key, self.config.cluster_domain)
 
     def subscribe_get(self, key: ViewKey, subscriber: ViewSubscriber, path: str) -> View:
-        """Join the View a Get streams from; BadRequest for a service that cannot be
-        watched (ExternalName)."""
+        """Join the View a Get streams from, or the DestinationError that refuses it:
+        a remote-discovery target's refusals first (Linkerd §2.4), BadRequest for a
+        service that cannot be watched (ExternalName)."""
         try:
+            self.host.views.check(key)
             return self.host.views.subscribe(key, subscriber, "linkerd")
         except InvalidService as e:
             raise BadRequest(f"Invalid authority: {path}: {e}") from None
+        except MissingRemoteService as e:
+            raise NotRemoteDiscoverable(str(e)) from None
+        except UnknownClusterError as e:
+            raise UnknownCluster(str(e)) from None
+
+    def ends_with_service(self, view: View) -> bool:
+        """A federated Service that goes ends its streams (Linkerd §2.4)."""
+        merged = self.host.views.merged_port(view)
+        return merged is not None and merged.kind == "federated"
 
     def _endpoint_key(self, path: str, token: ContextToken, peer: str) -> ViewKey:
         """Get's request checks, in Linkerd's order (§2.4)."""
@@ -333,7 +359,9 @@ class DestinationService:
                 "hint": hint or "", "zone": ep.zone or "", "zone_locality": r.zone_locality,
             }
         # Encoded afresh and kept nowhere: a debug read changes nothing a stream sees.
-        labels = set_labels(view.cluster, view.key.service)
+        def labels(member_cluster: str) -> dict[str, str]:
+            return set_labels(*self.encoder.labels_source(view, member_cluster))
+
         messages = [to_dict(dst.Update.FromString(m))
                     for m in self.encoder.snapshot_messages(view, labels)]
         return endpoints, {"version": view.version, "semantics": self.semantics,

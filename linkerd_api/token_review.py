@@ -26,7 +26,6 @@ from typing import Any
 import structlog
 import urllib3
 
-from bridge.sources.kube import KubeSource
 from bridge.sources.kube_api import ApiClient, ApiError, Credentials
 from linkerd_api.tokens import AUDIENCE, InvalidToken, ReviewFailed, ServiceAccount
 
@@ -46,10 +45,6 @@ class KubeTokenReview:
         self._credentials = credentials
         self._client: ApiClient | None = None
         self.timeout = timeout
-
-    @classmethod
-    def for_source(cls, source: KubeSource) -> KubeTokenReview:
-        return cls(source.credentials)
 
     async def review(self, token: bytes) -> ServiceAccount:
         try:

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 from linkerd_api.errors import BadRequest
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.queue import UpdateQueue
-from meshbridge.stream_registry import StreamInfo, StreamRegistry
+from meshbridge.host import StreamInfo, StreamRegistry
 
 
 def decode_request(raw: bytes) -> dst.GetDestination:

@@ -27,6 +27,8 @@ class Request:
     query: dict[str, list[str]]
     # Header names lower-cased; of a repeated header, the last.
     headers: dict[str, str] = field(default_factory=dict)
+    # The client's IP address ("" when unknown).
+    peer: str = ""
 
     def wants_json(self) -> bool:
         """`?format=json`, or an Accept header that names JSON (what scripts send)."""
@@ -49,7 +51,8 @@ class Response:
 
 Handler = Callable[[Request], Awaitable[Response] | Response]
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed",
             413: "Payload Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -73,8 +76,10 @@ class AdminServer:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peername = writer.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) else ""
         try:
-            response = await self._handle(reader)
+            response = await self._handle(reader, peer)
         except Exception:  # never a stack trace on the wire
             log.exception("admin handler failed")
             response = Response.text(500, "internal error")
@@ -89,7 +94,7 @@ class AdminServer:
         with contextlib.suppress(Exception):
             await writer.wait_closed()
 
-    async def _handle(self, reader: asyncio.StreamReader) -> Response:
+    async def _handle(self, reader: asyncio.StreamReader, peer: str) -> Response:
         try:
             raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
         except asyncio.LimitOverrunError:
@@ -115,7 +120,7 @@ class AdminServer:
             if sep:
                 headers[name.strip().lower()] = value.strip()
         result = handler(Request(method, url.path, parse_qs(url.query, keep_blank_values=True),
-                                 headers))
+                                 headers, peer))
         if isinstance(result, Response):
             return result
         return await result

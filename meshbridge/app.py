@@ -1,7 +1,9 @@
 """The composition root: source -> cluster -> views -> both gRPC services + admin HTTP.
 
 `App` owns every long-lived task and server; `stop()` ends them all. It is also what
-the tests and `meshbridge compare` run in-process.
+the tests and `meshbridge compare` run in-process. Each protocol layer is given a
+`LayerHost` of its own (the `meshbridge.host.Host` interface), never the App, and is
+held to that interface at start (`LayerError`).
 """
 
 from __future__ import annotations
@@ -23,14 +25,29 @@ from prometheus_client.metrics_core import Metric
 from bridge.authority import format_authority
 from bridge.cluster import Cluster
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
+from bridge.multicluster.links import Link
+from bridge.multicluster.store import DEFAULT_SYNC_TIMEOUT, ClusterStore
+from bridge.multicluster.views import MultiClusterViews
 from bridge.sources.base import Source
+from bridge.sources.kube import KubeSource
+from bridge.sources.kube_api import Credentials
 from h2grpc.limits import H2Limits
 from h2grpc.server import Server as NativeServer
 from h2grpc.server import tls_context
 from meshbridge import debug, exposition, h2metrics
 from meshbridge.admin import AdminServer, Request, Response
-from meshbridge.debug import Renderer, RouteRenderer
-from meshbridge.host import GrpcServer, Host
+from meshbridge.debug_access import DebugAccess
+from meshbridge.host import (
+    GrpcServer,
+    Host,
+    Layer,
+    LayerError,
+    LayerHooks,
+    Renderer,
+    RouteRenderer,
+    check_hooks,
+    split_listen_address,
+)
 from meshbridge.limits import Limits
 from meshbridge.rpcguard import GrpcMetrics, RpcGuard
 from meshbridge.stream_registry import StreamInfo, StreamRegistry
@@ -44,18 +61,27 @@ log = structlog.get_logger("meshbridge.app")
 T = TypeVar("T")
 
 
+# Service ports up to which `serve` logs a line each once synced.
+SUMMARY_PORTS = 100
+
+
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     listen: str = "0.0.0.0:8086"
     admin: str = "0.0.0.0:9996"
-    # Protocol-layer options travel here so that the core need not know them.
-    extra: dict[str, object] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     tls: TlsFiles | None = None
     # "native": meshbridge's own gRPC server (h2grpc); "grpcio": grpc.aio's.
     grpc_transport: str = "native"
-    # Each layer's typed options (a dataclass of its own), found by type: Host.options_for.
+    # Each layer's typed options (the class its Layer declares), found by type:
+    # Host.options_for. Options no mounted layer declares stop the start (LayerError).
     layer_options: tuple[object, ...] = ()
+    # Who may read the admin port's debug pages and the layers' debug types.
+    debug_access: DebugAccess = field(default_factory=DebugAccess)
+    # Clusters linked by flag (`--link`), besides the Secrets the source carries, and
+    # how long a linked cluster may hold /ready at start (docs/multicluster.md).
+    links: tuple[Link, ...] = ()
+    link_sync_timeout: float = DEFAULT_SYNC_TIMEOUT
     # Processes serving the gRPC port (docs/workers.md): 1 is this process alone;
     # above 1, this process keeps the source, the Cluster and the Views (the watcher)
     # and that many worker processes serve the clients (meshbridge.workers).
@@ -84,19 +110,6 @@ class TlsFiles:
         return tls_context(self.cert, self.key, self.client_ca)
 
 
-# A protocol layer registers its gRPC services against the running app.
-ProtocolLayer = Callable[["App", GrpcServer], None]
-
-
-def split_listen_address(addr: str) -> tuple[str, int]:
-    """`host:port` to bind (`:8086` is every address, port 0 any free port); not an
-    authority (`bridge.authority.split_authority`)."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {addr!r} is not host:port")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def _grpcio_lifecycle(h2: H2Limits) -> list[tuple[str, int]]:
     """The --h2-* timeouts that grpc.aio's server has an option for."""
     options = []
@@ -114,10 +127,9 @@ class App:
         source: Source,
         config: MeshConfig | None = None,
         options: ServeOptions | None = None,
-        layers: Sequence[ProtocolLayer] = (),
+        layers: Sequence[Layer] = (),
         registry: prometheus_client.CollectorRegistry | None = None,
     ) -> None:
-        from bridge.views import ViewRegistry
         from bridge.views.metrics import ViewMetrics
 
         self.config = config or MeshConfig()
@@ -125,7 +137,13 @@ class App:
         self.source = source
         self.cluster = Cluster(self.config.local_cluster())
         self.metrics = registry or prometheus_client.CollectorRegistry()
-        self.views = ViewRegistry(self.cluster, self.config, ViewMetrics(self.metrics))
+        # Linked clusters (their Secrets in the controller namespace, `--link`), and
+        # the Views of every cluster, which the layers subscribe through.
+        self.clusters = ClusterStore(self.cluster, self.config.controller_namespace,
+                                     self.metrics, flag_links=self.options.links,
+                                     sync_timeout=self.options.link_sync_timeout)
+        self.views = MultiClusterViews(self.cluster, self.config, ViewMetrics(self.metrics),
+                                       self.clusters)
         if registry is None:
             prometheus_client.ProcessCollector(registry=self.metrics)
             prometheus_client.PlatformCollector(registry=self.metrics)
@@ -142,6 +160,8 @@ class App:
         self._source_task: asyncio.Task[None] | None = None
         # Shutdown hooks the protocol layers add (e.g. end every stream cleanly).
         self.stop_hooks: list[Callable[[], None]] = []
+        # What the layers hang on the gRPC port's life (Host.add_hooks).
+        self.layer_hooks: list[LayerHooks] = []
         # Each layer's service, by name (Host.keep / Host.service).
         self._services: dict[str, object] = {}
         # Every client stream, for /debug/streams; each protocol layer keeps its own.
@@ -156,15 +176,15 @@ class App:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, wait_synced: bool = True) -> None:
-        self._source_task = asyncio.create_task(self._run_source(), name="source")
         if self.options.workers > 1:
             from meshbridge.workers.watcher import Watcher
 
             self.watcher = Watcher(self)
-            self.grpc_port = await self.watcher.start()
+            self.grpc_port = await self.watcher.start(self._start_source)
         else:
             await self._serve_grpc()
-        await self._start_layer_listeners()
+        for hooks in self.layer_hooks:
+            await hooks.start_listeners(self.options.listen, self.grpc_port)
         host, port = split_listen_address(self.options.admin)
         self.admin_port = await self.admin.start(host, port)
         if wait_synced:
@@ -172,13 +192,19 @@ class App:
         log.info("serving", grpc=self.grpc_port, admin=self.admin_port, source=self.source.name,
                  workers=self.options.workers)
 
+    def _start_source(self) -> None:
+        """Start the source and the linked clusters; after the layers are mounted, so
+        that their cluster listeners are in place before the first event."""
+        self._source_task = asyncio.create_task(self._run_source(), name="source")
+        self.clusters.start()
+
     async def _serve_grpc(self) -> None:
         """The gRPC port in this process, every layer mounted on it."""
         limits = self.options.limits
         self.rpc_guard = RpcGuard(limits.max_streams_per_client, GrpcMetrics(self.metrics))
         server = self._grpc_server(limits)
-        for layer in self.layers:
-            layer(self, server)
+        self._mount(server)
+        self._start_source()
         tls = self.options.tls
         layer_tls = self.port_tls()
         if layer_tls is not None and isinstance(server, NativeServer):
@@ -242,42 +268,41 @@ class App:
             await asyncio.sleep(0)  # one loop turn: the shutdown has begun
         for hook in self.stop_hooks:
             hook()
-        layer_listeners = self._layer_hooks("stop_listeners")
         self._services.clear()  # a stopped App and its cluster cache can be freed
         if stopping is not None:
             await stopping
-        for stop_listeners in layer_listeners:
-            await stop_listeners(grace)
+        for hooks in self.layer_hooks:
+            await hooks.stop_listeners(grace)
+        self.layer_hooks.clear()
+        self.clusters.stop()
         if self._source_task is not None:
             self._source_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._source_task
         await self.admin.stop()
 
-    # ------------------------------------------------------------------ layer listeners
-    # A layer's kept service may bring the gRPC port's TLS (`grpc_port_tls()`, the
-    # identity layer's certificates from its own CA) and listeners of its own
-    # (`start_listeners(listen, port)` / `stop_listeners(grace)`: Certify over
-    # server-only TLS). Found by name, so that the App knows no layer.
+    # ------------------------------------------------------------------ the layers
 
-    def _layer_hooks(self, name: str) -> list[Any]:
-        return [hook for service in self._services.values()
-                if (hook := getattr(service, name, None)) is not None]
+    def _mount(self, server: GrpcServer) -> None:
+        """Register every layer, each with a host of its own; LayerError, naming the
+        layer, when one does not keep to meshbridge.host's interface."""
+        declared = tuple({kind for layer in self.layers for kind in layer.options})
+        for given in self.options.layer_options:
+            if not isinstance(given, declared):
+                mounted = ", ".join(layer.name for layer in self.layers) or "none"
+                raise LayerError(f"options {type(given).__name__} given, but no mounted "
+                                 f"layer declares them (mounted: {mounted})")
+        for layer in self.layers:
+            layer.register(self.host_for(layer), server)
+
+    def host_for(self, layer: Layer) -> Host:
+        """What `layer` is given: this App, seen through meshbridge.host.Host."""
+        return LayerHost(self, layer)
 
     def port_tls(self) -> ssl.SSLContext | None:
         """The gRPC port's TLS as a layer brings it (--tls-from-identity), or None."""
-        return next((c for hook in self._layer_hooks("grpc_port_tls")
-                     if (c := hook()) is not None), None)
-
-    async def _start_layer_listeners(self) -> None:
-        for start_listeners in self._layer_hooks("start_listeners"):
-            await start_listeners(self.options.listen, self.grpc_port)
-
-    # ------------------------------------------------------------------ Host
-
-    @property
-    def limits(self) -> Limits:
-        return self.options.limits
+        return next((c for hooks in self.layer_hooks
+                     if (c := hooks.grpc_port_tls()) is not None), None)
 
     def options_for(self, kind: type[T]) -> T:
         for value in self.options.layer_options:
@@ -285,14 +310,8 @@ class App:
                 return value
         return kind()
 
-    def on_stop(self, hook: Callable[[], None]) -> None:
-        self.stop_hooks.append(hook)
-
-    def add_renderer(self, name: str, renderer: Renderer) -> None:
-        self.renderers[name] = renderer
-
-    def add_route_renderer(self, name: str, renderer: RouteRenderer) -> None:
-        self.route_renderers[name] = renderer
+    def kube_credentials(self) -> Callable[[], Credentials] | None:
+        return self.source.credentials if isinstance(self.source, KubeSource) else None
 
     def keep(self, name: str, service: object) -> None:
         self._services[name] = service
@@ -317,7 +336,16 @@ class App:
                 rows.append((str(key), sp.port, ready, len(filtered)))
         return rows
 
-    def log_summary(self) -> None:
+    def log_summary(self, limit: int = SUMMARY_PORTS) -> None:
+        """A line per service port, as the demo shows; a cluster with more service
+        ports than `limit` gets one line of counts instead: a line per port of a big
+        cluster is noise, and merging every port to count its endpoints would enrich
+        every endpoint of the cluster before the first client asked for one."""
+        ports = sum(len(s.ports) for s in self.cluster.services.values())
+        if ports > limit:
+            log.info("serving", service_ports=ports, **self.cluster.counts(),
+                     note=f"one line per service port up to {limit}: see /debug/views")
+            return
         for service, port, ready, total in self.service_port_summary():
             ns, name = service.split("/", 1)
             log.info("service port", namespace=ns, service=name, port=port,
@@ -377,9 +405,70 @@ class App:
             why = getattr(self.source, "stale_reason", None)  # optional on a Source
             return Response.text(503, f"not ready: source {self.source.name} is stale"
                                       + (f": {why}" if why else ""))
+        waiting = self.clusters.ready()
+        if waiting:
+            return Response.text(503, "not ready: linked cluster(s) not synced yet: "
+                                      + ", ".join(waiting))
         return Response.text(200, "ready")
 
 
-def as_host(app: App) -> Host:
-    """The App is what every layer is given (checked by mypy here)."""
-    return app
+class LayerHost:
+    """meshbridge.host.Host for one layer: the App's parts, that layer's options only,
+    and its hooks checked before the App takes them."""
+
+    def __init__(self, app: App, layer: Layer) -> None:
+        self._app = app
+        self._layer = layer
+        self.cluster = app.cluster
+        self.views = app.views
+        self.config = app.config
+        self.metrics = app.metrics
+        self.streams = app.streams
+
+    @property
+    def limits(self) -> Limits:
+        return self._app.options.limits
+
+    @property
+    def debug_access(self) -> DebugAccess:
+        return self._app.options.debug_access
+
+    @property
+    def sni_certificates(self) -> bool:
+        # The native server takes an SSLContext (its SNI callback picks the chain);
+        # grpc.aio's server credentials hold one fixed chain.
+        return self._app.options.grpc_transport == "native"
+
+    def kube_credentials(self) -> Callable[[], Credentials] | None:
+        return self._app.kube_credentials()
+
+    def options_for(self, kind: type[T]) -> T:
+        if kind not in self._layer.options:
+            declared = ", ".join(k.__name__ for k in self._layer.options) or "none"
+            raise LayerError(f"layer {self._layer.name}: asks for {kind.__name__}, but "
+                             f"declares {declared} as its options")
+        return self._app.options_for(kind)
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        self._app.stop_hooks.append(hook)
+
+    def add_hooks(self, hooks: LayerHooks) -> None:
+        check_hooks(self._layer.name, hooks)
+        self._app.layer_hooks.append(hooks)
+
+    def add_renderer(self, name: str, renderer: Renderer) -> None:
+        self._app.renderers[name] = renderer
+
+    def add_route_renderer(self, name: str, renderer: RouteRenderer) -> None:
+        self._app.route_renderers[name] = renderer
+
+    def keep(self, name: str, service: object) -> None:
+        self._app.keep(name, service)
+
+    def service(self, name: str) -> Any:
+        return self._app.service(name)
+
+
+def _is_a_host(host: LayerHost) -> Host:
+    """A LayerHost is what every layer is given (checked by mypy here)."""
+    return host

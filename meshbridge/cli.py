@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -26,6 +25,7 @@ from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, Mesh
 from bridge.port_sets import PortSpecError, parse_port_set
 from h2grpc.limits import H2Limits, knobs
 from meshbridge import eventloop, gctune, layers
+from meshbridge.debug_access import ACCESS_MODES, DEFAULT_ACCESS, DebugAccess
 from meshbridge.eventloop import EVENT_LOOPS
 from meshbridge.limits import Limits
 from meshbridge.log import LOG_LEVELS, configure_logging
@@ -37,7 +37,8 @@ log = structlog.get_logger("meshbridge.cli")
 # H2Limits fields set by Limits' own flags, and those that cannot be 0.
 _LIMITS_FLAGS = frozenset({"max_concurrent_streams", "max_message_bytes"})
 _POSITIVE = frozenset({"stream_window", "connection_window", "max_header_list", "window",
-                       "read_slice", "write_high_water", "max_header_fields"})
+                       "read_slice", "slice_requests", "write_high_water",
+                       "max_header_fields"})
 
 
 def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,11 +91,21 @@ SERVE_HELP = "serve the destination API and xDS from one source"
 
 
 def _add_serve(p: argparse.ArgumentParser) -> None:
+    from bridge.multicluster.store import DEFAULT_SYNC_TIMEOUT
+
     p.add_argument("--source", default="demo", help="demo | files:DIR | sim:FILE | kube")
     p.add_argument("--listen", default="0.0.0.0:8086", help="gRPC address for both APIs")
     p.add_argument("--admin", default="0.0.0.0:9996", help="admin HTTP address")
     p.add_argument("--kubeconfig", default=None, help="kube source: kubeconfig file")
     p.add_argument("--context", default=None, help="kube source: kubeconfig context")
+    p.add_argument("--link", action="append", default=[], metavar="NAME=KUBECONFIG[,...]",
+                   help="link a cluster by flag (repeatable): NAME=KUBECONFIG"
+                        "[,trust-domain=D][,cluster-domain=D]; KUBECONFIG may be files:DIR "
+                        "or sim:FILE for development. Linkerd's cluster-credentials Secrets "
+                        "in the controller namespace link clusters too (docs/multicluster.md)")
+    p.add_argument("--link-sync-timeout", type=float, default=DEFAULT_SYNC_TIMEOUT,
+                   help="seconds a cluster linked at start may hold /ready before it "
+                        "has synced")
     p.add_argument("--route-status", action=argparse.BooleanOptionalAction, default=True,
                    help="kube source: write each route's status.parents (Accepted, "
                         "ResolvedRefs) under meshbridge's controllerName, beside other "
@@ -112,6 +123,10 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
     p.add_argument("--client-ca", default=None,
                    help="PEM CA bundle: require client certificates signed by it (mTLS)")
+    p.add_argument("--debug-access", choices=ACCESS_MODES, default=DEFAULT_ACCESS,
+                   help="who may read the admin port's debug pages and the gRPC port's "
+                        "debug types (istioctl proxy-status): local (loopback clients), "
+                        "any, or off; with --client-ca, gRPC clients need a certificate")
     p.add_argument("--grpc-transport", choices=("native", "grpcio"), default="native",
                    help="the gRPC server: meshbridge's own HTTP/2 server (default) or "
                         "grpc.aio's")
@@ -158,9 +173,11 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from bridge.multicluster.links import LinkError, parse_link_flag
     from bridge.sources.base import SourceSpecError
     from bridge.sources.catalog import make_source
     from meshbridge.app import App, ServeOptions, TlsFiles
+    from meshbridge.host import LayerError
     from meshbridge.startup import (
         check_kube_access,
         check_listen_address,
@@ -172,6 +189,8 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         check_listen_address("--listen", args.listen)
         check_listen_address("--admin", args.admin)
+        if getattr(args, "webhook_listen", ""):  # the admission layer's own listener
+            check_listen_address("--webhook-listen", args.webhook_listen)
     except StartupError as e:
         log.error(str(e))
         if args.debug:
@@ -206,6 +225,7 @@ async def _serve(args: argparse.Namespace) -> int:
     limits = Limits(args.max_streams_per_connection, args.max_message_bytes,
                     args.max_streams_per_client, args.max_resource_names, h2=h2)
     try:
+        debug_access = DebugAccess(args.debug_access, bool(args.client_ca))
         layer_options = tuple(mod.options_from_args(args) for mod in layers.layer_modules()
                               if hasattr(mod, "options_from_args"))
     except ValueError as e:
@@ -214,23 +234,37 @@ async def _serve(args: argparse.Namespace) -> int:
     if args.workers > 1 and args.grpc_transport != "native":
         log.error("--workers above 1 needs --grpc-transport native")
         return 2
+    try:
+        links = tuple(parse_link_flag(text) for text in args.link)
+    except LinkError as e:
+        log.error("bad --link", reason=str(e))
+        return 2
+    if args.link_sync_timeout < 0:
+        log.error("bad --link-sync-timeout", reason="must be 0 or more seconds")
+        return 2
     app = App(source, mesh_config(args),
-              ServeOptions(args.listen, args.admin, vars(args), limits, tls,
-                           args.grpc_transport, layer_options, workers=args.workers),
+              ServeOptions(args.listen, args.admin, limits, tls, args.grpc_transport,
+                           layer_options, debug_access, links, args.link_sync_timeout,
+                           workers=args.workers),
               layers.protocol_layers())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    gctune.before_sync()
     try:
         await app.start(wait_synced=False)
     except WorkerFailed as e:
         log.error(f"--workers {args.workers}: {e}")  # one line naming the worker
         await app.stop(0)
         return 1
+    except LayerError as e:  # a layer that does not keep to meshbridge.host's interface
+        log.error(str(e))
+        return 2
     except OSError as e:
         # Which port: the gRPC one is bound first, so no admin port means the gRPC one.
-        flag, addr = ("--admin", args.admin) if app.grpc_port else ("--listen", args.listen)
+        flag, addr = getattr(e, "listen_flag", None) or (
+            ("--admin", args.admin) if app.grpc_port else ("--listen", args.listen))
         log.error(describe_os_error(flag, addr, e))
         await app.stop(0)
         return 1
@@ -288,9 +322,12 @@ def h2_limits(args: argparse.Namespace) -> H2Limits:
 def _kube_options(args: argparse.Namespace) -> dict[str, object]:
     if not args.source.startswith("kube"):
         return {}
-    return {k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api",
-                                          "route_status")
-            if getattr(args, k, None) is not None}
+    options: dict[str, object] = {
+        k: getattr(args, k) for k in ("kubeconfig", "context", "endpoints_api", "route_status")
+        if getattr(args, k, None) is not None}
+    # Linked clusters' Secrets are read where Linkerd's destination reads them.
+    options["link_namespace"] = args.controller_namespace
+    return options
 
 
 ENV_PREFIX = "MESHBRIDGE_"
@@ -327,10 +364,25 @@ class Parser(argparse.ArgumentParser):
 
 
 def version() -> str:
+    import importlib.metadata  # only for --version: a fair share of start-up's imports
+
     try:
         return importlib.metadata.version("meshbridge")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
         return "unknown"
+
+
+class _Version(argparse.Action):
+    """argparse's `version` action, finding the version only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"meshbridge {version()}")
+        parser.exit()
 
 
 def env_name(action: argparse.Action) -> str | None:
@@ -385,8 +437,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                     "and Envoy's xDS. Every flag can also be set as MESHBRIDGE_<FLAG> "
                     "(e.g. MESHBRIDGE_LOG_LEVEL=debug); the command line wins.",
     )
-    parser.add_argument("--version", action="version", version=f"meshbridge {version()}",
-                        help="print the version and exit")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_HELP)
     _add_common(serve)

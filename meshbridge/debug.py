@@ -7,15 +7,19 @@
     /debug/syncz           per client stream and type (xDS) or target (Linkerd): version
                            sent, version ACKed, SYNCED / STALE / NACKED (istiod's syncz;
                            `meshbridge status` prints it as a table)
+    /debug/clusters        every linked cluster: where it is linked from, its domains,
+                           its state (syncing, synced, stale, unreachable, ...) and why,
+                           what is watched there and what its cache holds
     /debug/endpoints?authority=<svc>.<ns>.svc.<domain>:<port>[&node=<node>]
                            that target as the core View holds it and as each protocol
                            layer encodes it, side by side (HTML, one row per endpoint
                            address, differences highlighted; JSON with ?format=json or
                            Accept: application/json)
 
-Protocol layers add a renderer to `App.renderers`: a function from a View to
-`(endpoints, message)`, where `endpoints` maps "ip:port" to the fields that protocol
-carries (for the comparison) and `message` is the encoded message as proto-JSON.
+Protocol layers add a renderer (`Host.add_renderer`, meshbridge.host.Renderer): a
+function from a View to `(endpoints, message)`, where `endpoints` maps "ip:port" to
+the fields that protocol carries (for the comparison) and `message` is the encoded
+message as proto-JSON.
 """
 
 from __future__ import annotations
@@ -23,23 +27,17 @@ from __future__ import annotations
 import html
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.authority import AuthorityError, format_authority, parse_authority, view_authority
-from bridge.model import FilterKey, ServiceKey, ViewKey
-from bridge.routes.text import RouteRow
+from bridge.model import FilterKey, ViewKey
 from meshbridge.admin import Request, Response
 from meshbridge.stream_registry import StreamInfo, human_time
 
 if TYPE_CHECKING:
     from bridge.views import View
     from meshbridge.app import App
-
-Renderer = Callable[["View"], tuple[dict[str, dict[str, Any]], Any]]
-# A Service port's routes as one client kind is told them, for a client namespace:
-# the route-table rows and what that kind is not told (Routes §3.4).
-RouteRenderer = Callable[[ServiceKey, int, str], tuple[list[RouteRow], list[str]]]
 
 _ENDPOINTS_PARAMS = {"authority", "node", "format", "namespace"}
 
@@ -77,20 +75,40 @@ def views_json(app: App) -> list[dict[str, Any]]:
 
 
 def install(app: App) -> None:
-    async def streams(req: Request) -> Response:
-        return _no_params(req) or _json(200, [s.as_json() for s in await app.stream_infos()])
+    access = app.options.debug_access
 
-    async def syncz(req: Request) -> Response:
-        return _no_params(req) or _json(200, [s.syncz() for s in await app.stream_infos()])
+    def guarded(page: Callable[[Request], Awaitable[Response]]
+                ) -> Callable[[Request], Awaitable[Response]]:
+        # These pages reveal configuration: served under --debug-access only.
+        async def serve(req: Request) -> Response:
+            refused = access.refusal(req.peer)
+            return Response.text(403, refused) if refused else await page(req)
+        return serve
 
     async def index(req: Request) -> Response:
         return _index(app, req, await app.stream_infos())
 
-    app.admin.route("/", index)
-    app.admin.route("/debug/views", lambda req: _no_params(req) or _json(200, views_json(app)))
-    app.admin.route("/debug/streams", streams)
-    app.admin.route("/debug/endpoints", lambda req: _endpoints(app, req))
-    app.admin.route("/debug/syncz", syncz)
+    async def views(req: Request) -> Response:
+        return _no_params(req) or _json(200, views_json(app))
+
+    async def streams(req: Request) -> Response:
+        return _no_params(req) or _json(200, [s.as_json() for s in await app.stream_infos()])
+
+    async def endpoints(req: Request) -> Response:
+        return _endpoints(app, req)
+
+    async def syncz(req: Request) -> Response:
+        return _no_params(req) or _json(200, [s.syncz() for s in await app.stream_infos()])
+
+    async def clusters(req: Request) -> Response:
+        return _no_params(req) or _json(200, app.clusters.describe())
+
+    app.admin.route("/", guarded(index))
+    app.admin.route("/debug/views", guarded(views))
+    app.admin.route("/debug/streams", guarded(streams))
+    app.admin.route("/debug/endpoints", guarded(endpoints))
+    app.admin.route("/debug/syncz", guarded(syncz))
+    app.admin.route("/debug/clusters", guarded(clusters))
 
 
 def _endpoints(app: App, req: Request) -> Response:
@@ -358,6 +376,7 @@ tr:nth-child(even){{background:#f3f3f3}}</style></head>
 {subscribed} subscriptions &middot;
 <a href="/debug/views">/debug/views</a> &middot; <a href="/debug/streams">/debug/streams</a>
 &middot; <a href="/debug/syncz">/debug/syncz</a>
+&middot; <a href="/debug/clusters">/debug/clusters</a>
 &middot; <a href="/metrics">/metrics</a> &middot; <a href="/ready">/ready</a></p>
 <h2>Service ports</h2>
 <table id="services"><tr><th>service</th><th>port</th><th>type</th><th>authority</th>

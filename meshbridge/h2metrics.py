@@ -37,6 +37,14 @@ class H2Collector(Collector):
         yield GaugeMetricFamily("meshbridge_http2_handler_tasks",
                                 "gRPC handler tasks running on the native gRPC server",
                                 value=server.handler_tasks)
+        heap = server.heap
+        yield CounterMetricFamily("meshbridge_http2_heap_trims",
+                                  "times memory was given back after a burst of closed "
+                                  "connections and ended streams",
+                                  value=heap.trims if heap else 0)
+        yield CounterMetricFamily("meshbridge_http2_heap_trim_seconds",
+                                  "CPU seconds spent giving memory back",
+                                  value=heap.seconds if heap else 0.0)
 
 
 def register(server: Server, registry: prometheus_client.CollectorRegistry) -> None:

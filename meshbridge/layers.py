@@ -3,9 +3,10 @@ the gRPC port, and the subcommands the protocols and tools contribute. The CLI, 
 tests, the benchmarks and the harness all load layers from here, so that adding a
 layer is one line.
 
-A layer module exposes `register(host, server)` and optionally
-`add_arguments(parser)`; a subcommand module exposes `add_arguments(parser)` and
-`run(args) -> int`. A module that is not installed is simply absent.
+A layer module exposes `LAYER` (a `meshbridge.host.Layer`: its name, its
+`register(host, server)` and its options class) and optionally `add_arguments(parser)`
+and `options_from_args(args)`; a subcommand module exposes `add_arguments(parser)`
+and `run(args) -> int`. A module that is not installed is simply absent.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshbridge.host import Layer
 
 # Protocol layers, in the order `serve` mounts them on the shared gRPC port.
 PROTOCOL_LAYERS: tuple[str, ...] = (
     "linkerd_api.service", "linkerd_api.identity", "linkerd_api.policy.service",
-    "xds_api.service")
+    "xds_api.service", "admission.webhook")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +41,10 @@ COMMANDS: dict[str, Command] = {
     "xds": Command("xds_api.client", "print what an xDS (ADS) subscription receives"),
     "compare": Command("harness.compare.cli", "run a comparison scenario over both protocols"),
     "shadow": Command("harness.shadow.cli", "compare two control planes' answers continuously"),
-    "status": Command("meshbridge.status", "print every client's sync state (/debug/syncz)"),
+    "status": Command("meshbridge.status", "print every client's sync state, or what one "
+                      "proxy holds (istio.io/debug/syncz, config_dump)"),
+    "mirror": Command("meshbridge.mirror", "keep the mirror and federated Services of the "
+                                           "linked clusters (Linkerd's service mirror)"),
 }
 
 
@@ -55,14 +62,25 @@ def layer_modules() -> list[ModuleType]:
     return [m for m in map(load_optional, PROTOCOL_LAYERS) if m is not None]
 
 
-def protocol_layers() -> list[Any]:
-    """Every installed layer's `register`, in mount order."""
-    return [m.register for m in layer_modules()]
+def protocol_layers() -> list[Layer]:
+    """Every installed layer, in mount order."""
+    return [_layer_of(m) for m in layer_modules()]
 
 
-def layer(module: str) -> Any:
-    """One layer's `register` by module name (tests mount a single layer)."""
+def layer(module: str) -> Layer:
+    """One layer by module name (tests mount a single layer)."""
     mod = load_optional(module)
     if mod is None:
         raise LookupError(f"protocol layer {module} is not installed")
-    return mod.register
+    return _layer_of(mod)
+
+
+def _layer_of(module: ModuleType) -> Layer:
+    # Imported here: the CLI imports this module, and its client commands (get, xds)
+    # load no server code.
+    from meshbridge.host import Layer, LayerError
+
+    found = getattr(module, "LAYER", None)
+    if not isinstance(found, Layer):
+        raise LayerError(f"layer {module.__name__}: exposes no LAYER (a meshbridge.host.Layer)")
+    return found

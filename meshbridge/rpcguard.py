@@ -206,6 +206,7 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     raise
                 finally:
                     self._leave(addr, counted, start, context, error)
+                    error = None  # its traceback holds this frame: no cycle left behind
             return gen
 
         async def coro(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -222,6 +223,7 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 raise
             finally:
                 self._leave(addr, counted, start, context, error)
+                error = None  # its traceback holds this frame: no cycle left behind
         return coro
 
     async def _enter(self, context: grpc.aio.ServicerContext, counted: _Method | None,

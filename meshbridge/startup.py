@@ -28,7 +28,7 @@ class StartupError(Exception):
 
 def check_listen_address(flag: str, address: str) -> None:
     """`host:port` with a port in range; StartupError naming the flag otherwise."""
-    from meshbridge.app import split_listen_address
+    from meshbridge.host import split_listen_address
 
     try:
         _, port = split_listen_address(address)
@@ -44,7 +44,7 @@ def _probe_bind(flag: str, address: str) -> None:
     """Bind and let go, as the server will (SO_REUSEADDR): a busy port or a host that
     does not resolve is found before anything starts, in one line. Losing a race after
     this is still caught where the server binds (`describe_os_error`)."""
-    from meshbridge.app import split_listen_address
+    from meshbridge.host import split_listen_address
 
     host, port = split_listen_address(address)
     if port == 0:

@@ -23,11 +23,11 @@
 #   MESHBRIDGE_ISTIOD_CACHE   cache root
 set -euo pipefail
 
-# Accepted by go get and go mod tidy on go1.26 (see /work/.library/env/packages).
-ISTIO_VERSION="${MESHBRIDGE_ISTIO_VERSION:-v0.0.0-20260827124520-eed52ebb66ad}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=istio_version.sh
+source "${HERE}/istio_version.sh"
 CACHE_ROOT="${MESHBRIDGE_ISTIOD_CACHE:-${HOME}/.cache/meshbridge-istiod}"
 DEST="${CACHE_ROOT}/${ISTIO_VERSION}"
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 log() { printf 'istiod: %s\n' "$*" >&2; }
 have_all() { [[ -x "${DEST}/pilot-discovery" && -s "${DEST}/crd-all.gen.yaml"

@@ -82,7 +82,8 @@ class ResourceCache:
         self.leds = LedsCache(self.endpoints, views, cluster_domain, prefix, self.metrics)
         self.clusters = ClusterCache(prefix, self.metrics)
         self.listeners = ListenerCache(self.ports, prefix, self.metrics)
-        self.routes = RouteCache(self.ports, route_index(cluster), prefix, self.metrics)
+        self.routes = RouteCache(self.ports, route_index(cluster), prefix,
+                                 self.metrics)
         # The one table that routes by type URL.
         self._types: dict[str, TypeCache] = {
             rt.CLUSTER: self.clusters, rt.ENDPOINT: self.endpoints,

@@ -24,7 +24,7 @@ from xds_api.resources import EncodedResource
 from xds_api.subscription import NameChange
 
 if TYPE_CHECKING:
-    from meshbridge.workers.link import Link
+    from meshbridge.host import Link
     from xds_api.cache import ResourceCache
 
 log = structlog.get_logger("meshbridge.xds")

@@ -29,7 +29,7 @@ from xds_api.resources import EncodedResource
 from xds_api.subscription import NameChange, Subscription
 
 if TYPE_CHECKING:
-    from meshbridge.workers.link import Link
+    from meshbridge.host import Link
 
 # Seconds a feed no stream watches is kept (a reconnect storm does not subscribe and
 # unsubscribe in a loop).

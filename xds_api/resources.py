@@ -212,9 +212,10 @@ def istio_endpoint_metadata(resolved: ResolvedEndpoint, pod_labels: Labels,
                      if k in pod_labels), "latest")
     if revision == "latest":
         revision = ""  # istiod leaves its default out
+    # The 5th field is the cluster the endpoint is in: a linked cluster's own name.
     return IstioEndpointMetadata(
         ISTIO_MUTUAL_TLS if tls == ISTIO_MUTUAL_TLS else "",
-        f"{workload};{ep.id.namespace};{name};{revision};{cluster_id}")
+        f"{workload};{ep.id.namespace};{name};{revision};{ep.id.cluster or cluster_id}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from bridge.routes.objects import (
     HttpMatch,
     Redirect,
     Retry,
+    RetrySource,
     Rewrite,
     ValueMatch,
 )
@@ -252,6 +253,11 @@ class _Encoder:
             action.idle_timeout.CopyFrom(_ms(t.idle))
 
     def _retry(self, rule: ResolvedRule, retry: Retry) -> rc.RetryPolicy | None:
+        budget = self.table.retry_budget
+        if retry.source is RetrySource.PROFILE and budget is not None:
+            self._skip(rule, f"retries within the ServiceProfile's budget ({budget.ratio:.0%} "
+                             f"more requests, at least {budget.min_per_second}/s): sent as "
+                             f"{retry.limit} retry per failed request")
         if self.grpc:
             if not retry.grpc_codes:
                 self._skip(rule, "a retry on HTTP statuses (grpc retries on gRPC status "
@@ -266,15 +272,7 @@ class _Encoder:
             if retry.timeout_ms or rule.timeouts.backend_request:
                 self._skip(rule, "a per-attempt timeout (grpc ignores per_try_timeout)")
         else:
-            tokens = ["connect-failure", "refused-stream"]
-            codes: list[int] = []
-            for lo, hi in retry.http_statuses:
-                if (lo, hi) == (500, 599):
-                    tokens.append("5xx")
-                elif (lo, hi) == (502, 504):
-                    tokens.append("gateway-error")
-                elif hi - lo < _MAX_LISTED_CODES:
-                    codes.extend(range(lo, hi + 1))
+            tokens, codes = _envoy_retry_on(retry)
             if codes:
                 tokens.append("retriable-status-codes")
             tokens.extend(retry.grpc_codes)
@@ -306,6 +304,25 @@ class _Encoder:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _envoy_retry_on(retry: Retry) -> tuple[list[str], list[int]]:
+    """Envoy's `retry_on` tokens and retriable status codes for a retry policy."""
+    if retry.source is RetrySource.PROFILE:
+        # Routes §7.3: the proxy retries the responses it classes as failures and
+        # nothing else (not a reset, not a refused connection): exactly those codes.
+        return [], [c for lo, hi in retry.http_statuses for c in range(lo, hi + 1)]
+    tokens = ["connect-failure", "refused-stream"]
+    codes: list[int] = []
+    for lo, hi in retry.http_statuses:
+        if (lo, hi) == (500, 599):
+            tokens.append("5xx")
+        elif (lo, hi) == (502, 504):
+            tokens.append("gateway-error")
+        elif hi - lo < _MAX_LISTED_CODES:
+            codes.extend(range(lo, hi + 1))
+    return tokens, codes
+
 
 
 def _string(v: ValueMatch) -> string_pb2.StringMatcher:

@@ -8,6 +8,7 @@ from typing import Any
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
 
+from bridge.routes.objects import status_ranges
 from bridge.routes.text import RouteRow, weighted
 
 
@@ -72,7 +73,8 @@ def route_row(r: rc.Route) -> RouteRow:
             notes.append(f"idle {_ms(ra.idle_timeout)}")
         if ra.HasField("retry_policy"):
             rp = ra.retry_policy
-            codes = "".join(f" {c}" for c in rp.retriable_status_codes)
+            codes = "".join(f" {a}" if a == b else f" {a}-{b}"
+                            for a, b in status_ranges(rp.retriable_status_codes))
             notes.append(f"retry {rp.num_retries.value or 1}x on {rp.retry_on}{codes}")
         if ra.prefix_rewrite:
             notes.append(f"rewrite prefix {ra.prefix_rewrite}")

@@ -31,13 +31,22 @@ from bridge.authority import view_authority
 from bridge.model import ResolvedEndpoint, ServiceKey, ViewKey
 from bridge.routes.text import RouteRow
 from bridge.views import View
-from meshbridge.host import FeedHub, GrpcServer, Host, WorkerHost
-from meshbridge.limits import Limits
-from meshbridge.stream_registry import StreamInfo, StreamRegistry
-from meshbridge.writes import NowaitWriter, nowait_writer
+from meshbridge.host import (
+    FeedHub,
+    GrpcServer,
+    Host,
+    Layer,
+    Limits,
+    NowaitWriter,
+    StreamInfo,
+    StreamRegistry,
+    WorkerHost,
+    nowait_writer,
+)
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
+from xds_api.debug_types import DebugTypes
 from xds_api.feeds import XdsFeeds
 from xds_api.metrics import XdsMetrics
 from xds_api.mirror import MirrorCache
@@ -54,6 +63,7 @@ from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
     DeltaStream,
+    Forbidden,
     Resources,
     SotwStream,
     StreamError,
@@ -67,6 +77,9 @@ ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 EDS_SERVICE = "envoy.service.endpoint.v3.EndpointDiscoveryService"
 DEFAULT_WRITE_TIMEOUT = 30.0
 CUT_OFF_GRACE = 1.0  # seconds a cut-off stream's status may take to leave
+MULTICLUSTER_MODES = ("none", "istio")
+# The stream protocols istiod-style merging applies to (SotW and delta, LEDS included).
+XDS_PROTOCOLS = ("xds-sotw", "xds-delta")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +104,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "endpoints over LEDS, one resource per endpoint (0: only "
                             "clients whose node metadata says meshbridge.io/leds: always) "
                             "(default: %(default)s)")
+    group.add_argument("--xds-multicluster", choices=MULTICLUSTER_MODES, default="none",
+                       help="istio: a service's ClusterLoadAssignment also holds the "
+                            "endpoints of the same namespace and name in every linked "
+                            "cluster (istiod's namespace sameness), cluster-local hosts "
+                            "excepted; none: only remote-discovery and federated services "
+                            "are served from linked clusters (default: %(default)s)")
+    group.add_argument("--xds-cluster-local", default="",
+                       help="comma-separated hosts (globs: *.ns.svc.cluster.local) never "
+                            "merged across clusters, besides istiod's defaults (kube-system "
+                            "and kubernetes.default)")
 
 
 def _non_negative_int(text: str) -> int:
@@ -118,6 +141,10 @@ class XdsOptions:
     istio_cluster_id: str = DEFAULT_ISTIO_CLUSTER_ID
     # Endpoints from which a delta client gets a service port over LEDS (0: on request).
     leds_threshold: int = DEFAULT_LEDS_THRESHOLD
+    # "istio": merge a service with its namesakes in every linked cluster.
+    multicluster: str = "none"
+    # Hosts never merged, besides istiod's defaults (globs).
+    cluster_local: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.endpoint_metadata not in METADATA_PROFILES:
@@ -128,6 +155,9 @@ class XdsOptions:
                 or self.leds_threshold < 0:
             raise ValueError(f"the LEDS threshold must be a whole number, 0 or more, not "
                              f"{self.leds_threshold!r}")
+        if self.multicluster not in MULTICLUSTER_MODES:
+            raise ValueError(f"xDS multicluster mode {self.multicluster!r}: choose one of "
+                             f"{', '.join(MULTICLUSTER_MODES)}")
         if not isinstance(self.draining, bool):
             raise ValueError(f"xDS draining must be true or false, not {self.draining!r}")
         if isinstance(self.write_timeout, bool) \
@@ -143,10 +173,13 @@ def options_from_args(args: argparse.Namespace) -> XdsOptions:
                       write_timeout=float(args.xds_write_timeout),
                       endpoint_metadata=str(args.xds_endpoint_metadata),
                       istio_cluster_id=str(args.xds_istio_cluster_id),
-                      leds_threshold=int(args.xds_leds_threshold))
+                      leds_threshold=int(args.xds_leds_threshold),
+                      multicluster=str(args.xds_multicluster),
+                      cluster_local=tuple(h.strip() for h in args.xds_cluster_local.split(",")
+                                          if h.strip()))
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
+def register(host: Host, server: GrpcServer) -> None:
     """Mount the xDS services on the host's gRPC server; the service is kept on the
     host as "xds" (tests and tools reach it with `host.service("xds")`)."""
     service = XdsService(host, host.options_for(XdsOptions))
@@ -167,7 +200,8 @@ def register_feeds(host: Host, hub: FeedHub) -> None:
 
 def register_worker(host: WorkerHost, server: GrpcServer) -> None:
     """A worker's side: the same streams over a mirror of the watcher's resources
-    (xds_api.mirror); FetchEndpoints is relayed whole."""
+    (xds_api.mirror); FetchEndpoints is relayed whole, and istiod's debug types are
+    not served on a worker (they read the watcher's streams: docs/workers.md)."""
     options = host.options_for(XdsOptions)
     metrics = XdsMetrics(host.metrics)
     cache = MirrorCache(host.link, metrics)
@@ -178,12 +212,18 @@ def register_worker(host: WorkerHost, server: GrpcServer) -> None:
     host.keep("xds", streams)
 
 
+LAYER = Layer("xds_api.service", register, (XdsOptions,), feeds=register_feeds,
+              worker=register_worker)
+
+
 def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
     """The one place a protocol error becomes a gRPC status."""
     if isinstance(error, TooManyNames):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
     if isinstance(error, BadRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, Forbidden):
+        return grpc.StatusCode.PERMISSION_DENIED, str(error)
     return grpc.StatusCode.INTERNAL, str(error)
 
 
@@ -202,6 +242,9 @@ class XdsStreams:
         self.max_names = limits.max_resource_names or DEFAULT_MAX_NAMES
         self.write_timeout = options.write_timeout
         self.runners: set[StreamRunner] = set()
+        # istiod's debug types (§9.2), where the admin port's debug pages would be;
+        # None where they are not served (a worker: docs/workers.md).
+        self.debug: DebugTypes | None = None
         # Streams with something to write, written in one callback at the end of this
         # loop turn (one change to 5,000 streams: one callback).
         self._due: list[StreamRunner] = []
@@ -285,6 +328,7 @@ class XdsStreams:
         for runner in list(self.runners):
             runner.end()
 
+
 class XdsService(XdsStreams):
     """The xDS layer where the Views are: the resource cache and its streams, the
     unary FetchEndpoints, and how xDS clients see a View or a port's routes (the
@@ -295,19 +339,28 @@ class XdsService(XdsStreams):
     def __init__(self, host: Host, options: XdsOptions | None = None) -> None:
         options = options or XdsOptions()
         metrics = XdsMetrics(host.metrics)
-        cluster = host.cluster
+        views = host.views
+        if options.multicluster == "istio":
+            views.enable_istio_merge(XDS_PROTOCOLS, options.cluster_local)
 
         def pod_labels(resolved: ResolvedEndpoint) -> Mapping[str, str]:
             ep = resolved.endpoint
-            pod = cluster.pods.get((ep.id.namespace, ep.pod_name)) if ep.pod_name else None
+            if not ep.pod_name:
+                return {}
+            # A linked cluster's endpoint is its own cluster's pod.
+            source = views.cluster_named(ep.id.cluster)
+            pod = source.pods.get((ep.id.namespace, ep.pod_name)) if source else None
             return pod.meta.labels if pod is not None else {}
 
         metadata = MetadataEncoder(options.endpoint_metadata, options.istio_cluster_id,
                                    pod_labels)
-        cache = ResourceCache(
-            cluster, host.views, host.config.cluster_domain, draining=options.draining,
-            metrics=metrics, metadata=metadata, leds_threshold=options.leds_threshold)
+        cache = ResourceCache(host.cluster, views, host.config.cluster_domain,
+                              draining=options.draining, metrics=metrics,
+                              metadata=metadata, leds_threshold=options.leds_threshold)
         super().__init__(cache, metrics, host.streams, host.limits, options)
+        self.debug = DebugTypes(host.streams, lambda: [r.stream for r in self.runners],
+                                cache, access=host.debug_access,
+                                cluster_id=options.istio_cluster_id)
 
     def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
         return self._handlers({"FetchEndpoints": grpc.unary_unary_rpc_method_handler(
@@ -405,9 +458,11 @@ class StreamRunner:
         self.service = service
         peer = context.peer()
         self.info = StreamInfo(stream_cls.protocol, peer)
+        certified = bool(context.auth_context().get("x509_pem_cert"))
         self.stream: XdsStream = stream_cls(
             service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
-            max_names=service.max_names, peer=peer, info=self.info)
+            max_names=service.max_names, peer=peer, info=self.info,
+            debug=None if service.debug is None else service.debug.for_client(peer, certified))
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._context = context

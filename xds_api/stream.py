@@ -13,7 +13,8 @@ reader gets the latest state once it catches up, and memory per stream stays bou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import structlog
@@ -21,13 +22,13 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from bridge.views import View
-from meshbridge.stream_registry import StreamInfo
+from meshbridge.host import StreamInfo
 from xds_api import node_identity, wire
 from xds_api import resource_types as rt
 from xds_api.caches.type_cache import Pending, Reply, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.names import collection_of
-from xds_api.resources import EncodedResource
+from xds_api.resources import EncodedResource, wrap_resource
 from xds_api.subscription import (
     ABSENT,
     LEDS_ALWAYS,
@@ -47,6 +48,7 @@ _SOTW_VERSION = wire.field_number(_SOTW, "version_info")
 _SOTW_TYPE = wire.field_number(_SOTW, "type_url")
 _SOTW_NONCE = wire.field_number(_SOTW, "nonce")
 _SOTW_CONTROL_PLANE = wire.field_number(_SOTW, "control_plane")
+_SOTW_RESOURCES = wire.field_number(_SOTW, "resources")
 _DELTA = discovery_pb2.DeltaDiscoveryResponse.DESCRIPTOR
 _DELTA_VERSION = wire.field_number(_DELTA, "system_version_info")
 _DELTA_TYPE = wire.field_number(_DELTA, "type_url")
@@ -55,8 +57,8 @@ _DELTA_REMOVED = wire.field_number(_DELTA, "removed_resources")
 _DELTA_CONTROL_PLANE = wire.field_number(_DELTA, "control_plane")
 
 CONTROL_PLANE_ID = "meshbridge"
-_CONTROL_PLANE = wire.string_field(
-    wire.field_number(base_pb2.ControlPlane.DESCRIPTOR, "identifier"), CONTROL_PLANE_ID)
+_CONTROL_PLANE_IDENTIFIER = wire.field_number(base_pb2.ControlPlane.DESCRIPTOR, "identifier")
+_CONTROL_PLANE = wire.string_field(_CONTROL_PLANE_IDENTIFIER, CONTROL_PLANE_ID)
 _SOTW_CONTROL = wire.length_delimited(_SOTW_CONTROL_PLANE, _CONTROL_PLANE)
 _DELTA_CONTROL = wire.length_delimited(_DELTA_CONTROL_PLANE, _CONTROL_PLANE)
 _TYPE_FIELDS: dict[tuple[int, str], bytes] = {}
@@ -75,6 +77,20 @@ def _type_field(number: int, type_url: str) -> bytes:
 DEFAULT_MAX_NAMES = 10_000
 NODE_NAME_METADATA = "NODE_NAME"
 MAX_QUEUED_UNKNOWN = 16
+# §9.1: types outside the served ones a stream may ask for (each remembered with the
+# nonce of its last answer); one more ends the stream naming it.
+MAX_OTHER_TYPES = 16
+# §9.2: istiod's debug types (`istio.io/debug/syncz`, `.../config_dump`, ...).
+DEBUG_TYPE = "istio.io/debug"
+# Node metadata shown to operators (istioctl proxy-status reads these three).
+NODE_LABELS = ("NAMESPACE", "CLUSTER_ID", "ISTIO_VERSION")
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def is_debug_type(type_url: str) -> bool:
+    return type_url == DEBUG_TYPE or type_url.startswith(DEBUG_TYPE + "/")
 
 
 class Resources(Protocol):
@@ -111,6 +127,25 @@ class TooManyNames(StreamError):
     pass
 
 
+class Forbidden(StreamError):
+    """A debug type asked for where debug answers are not served (§9.2)."""
+
+
+# A debug answer: its resources as (name, serialized google.protobuf.Any), and the
+# response's version_info.
+DebugReply = tuple[tuple[tuple[str, bytes], ...], str]
+
+
+class DebugAnswers(Protocol):
+    """istiod's debug types, answered for one stream (`xds_api.debug_types`)."""
+
+    # The control_plane identifier of debug answers: istioctl reads it as JSON (§9.2).
+    control_plane: str
+
+    def answer(self, stream: XdsStream, type_url: str, names: Sequence[str]) -> DebugReply:
+        """What a debug request is answered with (§9.2)."""
+
+
 # Node ids already warned about a request refused for their variant; bounded, so
 # that clients inventing ids cannot grow it.
 _WARNED: set[str] = set()
@@ -137,8 +172,8 @@ class XdsStream:
 
     # Thousands of these live at once; slots keep each one small.
     __slots__ = ("_closed", "_node_seen", "_nonce", "_unknown", "_wake", "ads", "cache",
-                 "client", "info", "leds", "max_names", "metrics", "namespace", "node_id",
-                 "node_name", "peer", "subs")
+                 "client", "debug", "info", "leds", "max_names", "metrics", "namespace",
+                 "node_id", "node_labels", "node_name", "others", "peer", "subs")
     api = ""
     protocol = ""
 
@@ -152,6 +187,7 @@ class XdsStream:
         max_names: int = DEFAULT_MAX_NAMES,
         peer: str = "",
         info: StreamInfo | None = None,
+        debug: DebugAnswers | None = None,
     ) -> None:
         self.cache = cache
         # ADS serves every type and needs type_url; the EDS-only service implies it.
@@ -166,6 +202,9 @@ class XdsStream:
         # id, for logs: an Envoy node lists every extension it has, kilobytes each).
         self.node_id = ""
         self.node_name = ""
+        # NODE_LABELS the node's metadata has; the shared empty mapping until it has one
+        # (thousands of streams: no dict each for what most never fill).
+        self.node_labels: Mapping[str, str] = _EMPTY
         self.leds = ""  # the node's LEDS preference (§7)
         # Which routes it is sent: its kind and namespace (xds_api.node_identity).
         self.client = node_identity.ENVOY
@@ -174,6 +213,10 @@ class XdsStream:
         self.subs: dict[str, Subscription] = {}
         self._nonce = 0
         self._unknown: list[bytes] = []
+        # §9.1: each type asked for that is not served -> (nonce of its last answer,
+        # the names that answer was for).
+        self.others: Mapping[str, tuple[str, tuple[str, ...]]] = _EMPTY
+        self.debug = debug
         self._closed = False
 
     def handle(self, req: Any) -> None:
@@ -274,6 +317,13 @@ class XdsStream:
             meta = req.node.metadata.fields.get(NODE_NAME_METADATA)
             if meta is not None and meta.HasField("string_value"):
                 self.node_name = meta.string_value[:253]
+            labels = {}
+            for key in NODE_LABELS:
+                value = req.node.metadata.fields.get(key)
+                if value is not None and value.HasField("string_value"):
+                    labels[key] = value.string_value[:253]
+            if labels:
+                self.node_labels = labels
             leds = req.node.metadata.fields.get(LEDS_METADATA)
             if leds is not None and leds.string_value in (LEDS_ALWAYS, LEDS_NEVER):
                 self.leds = leds.string_value
@@ -352,6 +402,51 @@ class XdsStream:
         if len(self._unknown) < MAX_QUEUED_UNKNOWN:
             self._unknown.append(response)
             self._wake()
+
+    def _answer_other_type(self, type_url: str, nonce: str, names: tuple[str, ...]
+                           ) -> tuple[str, DebugReply] | None:
+        """A request for a type that is not served (§9.1): the nonce of its answer and
+        what the answer holds (istiod's debug types, §9.2, or nothing), or None when
+        it gets no answer. Answered: the first request of the type on this stream,
+        whatever nonce it quotes (istioctl's first request quotes one of its own;
+        §1.3 cannot apply before we sent anything), and later ones that quote no
+        nonce (asked again) or ours with other names. Quoting our nonce with the same
+        names (in delta: with none) is an ACK; quoting another is stale (§1.3)."""
+        debug = is_debug_type(type_url)
+        if not debug:
+            self.metrics.bad_requests.labels("unknown_type").inc()
+        last = self.others.get(type_url)
+        if last is None:
+            if len(self.others) >= MAX_OTHER_TYPES:
+                self.metrics.bad_requests.labels("too_many_types").inc()
+                raise BadRequest(f"{type_url}: more than {MAX_OTHER_TYPES} types that "
+                                 "meshbridge does not serve on one stream")
+        elif nonce and (nonce != last[0] or names == last[1]
+                        or (self.api == "delta" and not names)):
+            return None
+        if debug and self.debug is None:
+            raise Forbidden(f"{type_url}: debug types are not served on this port")
+        if not debug:
+            log.info("xds request for an unserved type", node=self.node_id, type=type_url)
+        sent = self._next_nonce()
+        # Recorded first: a stream asking for syncz is itself a debug client in it.
+        self.others = {**self.others, type_url: (sent, names)}  # at most 16: copied
+        reply = self.debug.answer(self, type_url, names) if self.debug and debug else ((), "")
+        return sent, reply
+
+    def _control(self, number: int, type_url: str) -> bytes:
+        """The control_plane field of an answer to `type_url`: istioctl reads the
+        debug answers' as JSON (§9.2), the rest carry our plain name."""
+        if self.debug is None or not is_debug_type(type_url):
+            return wire.length_delimited(number, _CONTROL_PLANE)
+        return wire.length_delimited(number, wire.string_field(
+            _CONTROL_PLANE_IDENTIFIER, self.debug.control_plane))
+
+    @property
+    def debug_only(self) -> bool:
+        """A client that asked only for debug types (istioctl, `meshbridge status`):
+        not a proxy, and not listed as one (§9.2)."""
+        return not self.subs and any(is_debug_type(t) for t in self.others)
 
     def close(self) -> None:
         """Release every watch; the stream is over."""
@@ -439,24 +534,29 @@ class SotwStream(XdsStream):
                          f"(DeltaAggregatedResources)")
 
     def _unknown_type(self, type_url: str, req: discovery_pb2.DiscoveryRequest) -> None:
-        # Another type on ADS (SDS secrets, say): answered once, empty, so the client
-        # does not wait for a response that cannot come; its ACK is not answered.
-        self.metrics.bad_requests.labels("unknown_type").inc()
-        if req.response_nonce:
-            return
-        log.info("xds request for an unserved type", node=self.node_id, type=type_url)
-        self._answer_unknown(self._frame("", (), type_url, self._next_nonce()))
+        # §9.1: another type on ADS (SDS secrets, say) is answered, empty, so the
+        # client does not wait for a response that cannot come; istiod's debug types
+        # are answered with what they ask for (§9.2).
+        names = tuple(dict.fromkeys(req.resource_names))
+        answer = self._answer_other_type(type_url, req.response_nonce, names)
+        if answer is not None:
+            nonce, (resources, version) = answer
+            self._answer_unknown(self._frame(version, (), type_url, nonce,
+                                             (body for _, body in resources),
+                                             self._control(_SOTW_CONTROL_PLANE, type_url)))
 
     def _frame(self, version: str, resources: Iterable[EncodedResource], type_url: str,
-               nonce: str) -> bytes:
+               nonce: str, anys: Iterable[bytes] = (), control: bytes = _SOTW_CONTROL
+               ) -> bytes:
         # Field order as protobuf writes it: version, resources, type, nonce, control.
         parts = [wire.string_field(_SOTW_VERSION, version)]
         for r in resources:
             parts.append(r.sotw_prefix)
             parts.extend(r.any_parts)
+        parts.extend(wire.length_delimited(_SOTW_RESOURCES, a) for a in anys)
         parts.append(_type_field(_SOTW_TYPE, type_url))
         parts.append(wire.string_field(_SOTW_NONCE, nonce))
-        parts.append(_SOTW_CONTROL)
+        parts.append(control)
         return b"".join(parts)
 
     def _reply(self, sub: Subscription) -> Reply | Pending | None:
@@ -568,16 +668,24 @@ class DeltaStream(XdsStream):
         return kept
 
     def _unknown_type(self, type_url: str, req: discovery_pb2.DeltaDiscoveryRequest) -> None:
-        # §2 has a "does not exist" answer: every name asked for is removed.
-        self.metrics.bad_requests.labels("unknown_type").inc()
-        if req.response_nonce and not req.resource_names_subscribe:
+        # §9.1 with §2's "does not exist" answer: every name asked for is removed;
+        # istiod's debug types are answered with what they ask for (§9.2).
+        names = tuple(dict.fromkeys(req.resource_names_subscribe))
+        answer = self._answer_other_type(type_url, req.response_nonce, names)
+        if answer is None:
             return
-        log.info("xds request for an unserved type", node=self.node_id, type=type_url)
-        removed = [n for n in dict.fromkeys(req.resource_names_subscribe) if n != rt.WILDCARD]
-        self._answer_unknown(self._frame("", (), removed, type_url, self._next_nonce()))
+        nonce, (resources, version) = answer
+        if is_debug_type(type_url):
+            self._answer_unknown(self._frame(version, (
+                wrap_resource(name, version, (body,), len(body)) for name, body in resources),
+                (), type_url, nonce, self._control(_DELTA_CONTROL_PLANE, type_url)))
+        else:
+            removed = [n for n in names if n != rt.WILDCARD]
+            self._answer_unknown(self._frame("", (), removed, type_url, nonce))
 
     def _frame(self, version: str, resources: Iterable[EncodedResource],
-               removed: Iterable[str], type_url: str, nonce: str) -> bytes:
+               removed: Iterable[str], type_url: str, nonce: str,
+               control: bytes = _DELTA_CONTROL) -> bytes:
         # Field order as protobuf writes it: version, resources, type, nonce, removed,
         # control plane.
         parts = [wire.string_field(_DELTA_VERSION, version)]
@@ -588,7 +696,7 @@ class DeltaStream(XdsStream):
         parts.append(_type_field(_DELTA_TYPE, type_url))
         parts.append(wire.string_field(_DELTA_NONCE, nonce))
         parts.extend(wire.length_delimited(_DELTA_REMOVED, n.encode()) for n in removed)
-        parts.append(_DELTA_CONTROL)
+        parts.append(control)
         return b"".join(parts)
 
     def _reply(self, sub: Subscription) -> Reply | Pending | None:

@@ -25,6 +25,7 @@ from bridge.objects import (
     Node,
     Pod,
     ReplicaSet,
+    Secret,
     Server,
     Service,
     ServiceProfile,
@@ -258,19 +259,21 @@ class NamespaceStore(KindStore[str, Namespace]):
         return obj.meta.name
 
 
-class ObjectStore(KindStore[PodKey, PolicyObject]):
-    """One kind the core does not index (Linkerd's policy kinds), by namespace and
-    name; a change names the kind, and its readers look again."""
+class ObjectStore(KindStore[PodKey, PolicyObject | Secret]):
+    """One kind the core does not index (Linkerd's policy kinds, the linked clusters'
+    Secrets), by namespace and name; a change names the kind, and its readers look
+    again."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
         self.kinds = frozenset({kind})
         self.kind = kind
 
-    def key(self, obj: PolicyObject) -> PodKey:
+    def key(self, obj: PolicyObject | Secret) -> PodKey:
         return _namespaced(obj)
 
-    def changed(self, key: PodKey, old: PolicyObject | None, new: PolicyObject | None,
+    def changed(self, key: PodKey, old: PolicyObject | Secret | None,
+                new: PolicyObject | Secret | None,
                 change: ClusterChange) -> None:
         change.kinds.add(self.kind)
 
@@ -281,6 +284,7 @@ CORE_STORES: tuple[Callable[[], AnyStore], ...] = (
     ServiceStore, SliceStore, PodStore, NodeStore, ReplicaSetStore, JobStore, ServerStore,
     ProfileStore, NamespaceStore,
     *(functools.partial(ObjectStore, kind) for kind in sorted(POLICY_KINDS)),
+    functools.partial(ObjectStore, "Secret"),  # bridge.multicluster.store reads them
 )
 
 

@@ -15,7 +15,7 @@ what it does to the route (`Effect`). Resolution answers each one once (Routes ย
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,6 +177,7 @@ class Timeouts:
 class RetrySource(enum.Enum):
     GATEWAY = "gateway"  # the rule's `retry` stanza (GEP-1731)
     ANNOTATION = "annotation"  # retry.linkerd.io/* on the route or the Service
+    PROFILE = "profile"  # a ServiceProfile route's isRetryable (Routes ยง7.3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,6 +625,18 @@ def _parents(r: _Reader, spec: Mapping[str, Any], ns: str) -> tuple[ParentRef, .
 
 TIMEOUT_ANNOTATION = "timeout.linkerd.io/"
 RETRY_ANNOTATION = "retry.linkerd.io/"
+
+
+def status_ranges(codes: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Status codes as inclusive ranges of consecutive codes: 500 501 503 -> (500, 501),
+    (503, 503)."""
+    out: list[tuple[int, int]] = []
+    for code in sorted(codes):
+        if out and out[-1][1] == code - 1:
+            out[-1] = (out[-1][0], code)
+        else:
+            out.append((code, code))
+    return tuple(out)
 
 
 def _http_statuses(text: str) -> tuple[tuple[int, int], ...]:

@@ -8,7 +8,7 @@ what is answered for what cannot be.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bridge.model import ServiceKey
 from bridge.objects import Service
@@ -42,8 +42,9 @@ ServiceLookup = Callable[[ServiceKey], Service | None]
 
 @dataclass(frozen=True, slots=True)
 class PortRoutes:
-    """Every table of one Service port: the producer's, and one per namespace that
-    has consumer routes for it (Routes §1.2)."""
+    """Every table of one Service port: the producer's, one per namespace that has
+    consumer routes for it (Routes §1.2), and one per ServiceProfile that routes it
+    (Routes §7.1)."""
 
     service: ServiceKey
     port: int
@@ -52,15 +53,49 @@ class PortRoutes:
     # Routes attached here that lost to a route type of higher precedence, by group
     # ("" for the producer's), with the type that won (Routes §1.3).
     conflicted: tuple[tuple[str, RouteRef, RouteType], ...] = ()
+    # The ServiceProfiles of the Service, by their namespace: the table each routes
+    # the port by, or None for one a proxy would not route by (no route, no override).
+    profiles: Mapping[str, RouteTable | None] = field(default_factory=dict)
 
-    def table_for(self, client_namespace: str) -> RouteTable | None:
-        """The table a client in `client_namespace` is routed by: its namespace's
-        consumer routes if there are any, else the producer's (Routes §1.2)."""
-        return self.consumers.get(client_namespace, self.producer)
+    def group_of(self, client_namespace: str, profiles: bool = True) -> str:
+        """Which table a client in `client_namespace` is routed by, as a key that
+        clients routed alike share: a ServiceProfile's (the client's own namespace's
+        if it has one, else the Service's, Routes §7.1) when it routes, else its
+        namespace's consumer routes if there are any, else the producer's (Routes
+        §1.2). `profiles=False`: as if there were no ServiceProfiles."""
+        if profiles:
+            ns = client_namespace if client_namespace in self.profiles \
+                else self.service.namespace
+            if self.profiles.get(ns) is not None:
+                return PROFILE_GROUP_PREFIX + ns
+        return client_namespace if client_namespace in self.consumers else ""
+
+    def table_of(self, group: str) -> RouteTable | None:
+        """The table of a group `group_of` named."""
+        if group.startswith(PROFILE_GROUP_PREFIX):
+            return self.profiles.get(group.removeprefix(PROFILE_GROUP_PREFIX))
+        return self.consumers.get(group) if group else self.producer
+
+    def table_for(self, client_namespace: str, profiles: bool = True) -> RouteTable | None:
+        """The table a client in `client_namespace` is routed by."""
+        return self.table_of(self.group_of(client_namespace, profiles))
+
+    def overriding_profile(self, route_namespace: str) -> RouteTable | None:
+        """The ServiceProfile table that replaces the routes of `route_namespace`'s
+        group for the clients that group serves (its own namespace's profile, else
+        the Service's), if any routes."""
+        ns = route_namespace if route_namespace in self.profiles else self.service.namespace
+        return self.profiles.get(ns)
 
     def tables(self) -> list[RouteTable]:
         out = [] if self.producer is None else [self.producer]
-        return out + [self.consumers[ns] for ns in sorted(self.consumers)]
+        out += [self.consumers[ns] for ns in sorted(self.consumers)]
+        return out + [t for ns in sorted(self.profiles) if (t := self.profiles[ns]) is not None]
+
+
+# A group key (PortRoutes.group_of) naming a ServiceProfile's table; no namespace of
+# consumer routes can be spelled so.
+PROFILE_GROUP_PREFIX = "profile:"
 
 
 def ref_of(route: Route) -> RouteRef:
@@ -73,8 +108,10 @@ def route_type(route: Route) -> RouteType:
 
 
 def resolve_port(service: Service, port: int, attached: Iterable[Route],
-                 lookup: ServiceLookup) -> PortRoutes:
-    """The tables of `service`'s `port`, from the routes attached to it."""
+                 lookup: ServiceLookup,
+                 profiles: Mapping[str, RouteTable | None] | None = None) -> PortRoutes:
+    """The tables of `service`'s `port`, from the routes attached to it (and the
+    tables its ServiceProfiles give it, by their namespace)."""
     key = ServiceKey(service.meta.namespace, service.meta.name)
     groups: dict[str, list[Route]] = {}
     for route in attached:
@@ -92,7 +129,7 @@ def resolve_port(service: Service, port: int, attached: Iterable[Route],
         chosen = [r for r in routes if route_type(r) is winner]
         tables[ns] = resolve_table(key, port, winner, chosen, lookup, svc_policy, ns)
     producer = tables.pop("", None)
-    return PortRoutes(key, port, producer, tables, tuple(conflicted))
+    return PortRoutes(key, port, producer, tables, tuple(conflicted), dict(profiles or {}))
 
 
 def _order(route: Route) -> tuple[bool, str, str, str]:

@@ -58,10 +58,14 @@ def route_status(route: Route, services: Callable[[ServiceKey], Service | None],
         conflicts: list[str] = []
         backend: list[tuple[str, str]] = []
         partial: list[str] = []
+        profiles: list[str] = []
         for port in selected:
             found = ports(key, port)
             if found is None:
                 continue
+            overriding = found.overriding_profile(route.meta.namespace)
+            if overriding is not None and overriding.profile is not None:
+                profiles.append(f"{overriding.profile.label} routes port {port}")
             conflicts += [f"a {winner.name} route is attached to port {port}"
                           for _, r, winner in found.conflicted if r == ref]
             for table in found.tables():
@@ -75,6 +79,12 @@ def route_status(route: Route, services: Callable[[ServiceKey], Service | None],
                         partial.append(f"{problem.path}: {problem.rule}")
         if conflicts:
             accepted = Condition("Accepted", False, "Conflicted", "; ".join(sorted(set(conflicts))))
+        elif profiles:
+            # Routes §7.1: accepted (Linkerd accepts it too), but the clients a routing
+            # ServiceProfile is given to are routed by that profile instead.
+            accepted = Condition("Accepted", True, "Accepted", "; ".join(sorted(set(
+                profiles))) + ": the clients given that profile are routed by it, not by "
+                "this route")
         else:
             accepted = Condition("Accepted", True, "Accepted")
         if backend:

@@ -23,6 +23,7 @@ from bridge.routes.objects import (
     RouteRule,
     Timeouts,
 )
+from bridge.routes.profiles import RetryBudget
 
 
 class RouteType(enum.Enum):
@@ -129,6 +130,10 @@ class RouteTable:
     entries: tuple[TableEntry, ...]  # Gateway API precedence (Routes §1.4)
     problems: tuple[Unhonoured, ...] = ()
     consumer_namespace: str = ""  # "" for the producer table
+    # Set when a ServiceProfile routes this port (Routes §7): its routes are tried in
+    # their own order, not by precedence, and every retry spends this budget.
+    profile: RouteRef | None = None
+    retry_budget: RetryBudget | None = None
 
     @property
     def backends(self) -> frozenset[ServiceKey]:

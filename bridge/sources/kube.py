@@ -1,16 +1,24 @@
-"""The kube source: list + watch a real Kubernetes API, the way an informer does.
+"""The kube source: each kind's state and changes from a real Kubernetes API, the way
+an informer does.
 
-One thread per kind runs the blocking list/watch loop and hands decoded events to the
-asyncio loop (`call_soon_threadsafe`), so the loop never blocks on the network. The
-`kubernetes` package is used for what it does best — reading kubeconfig and in-cluster
-credentials — and the requests are plain HTTP/JSON over urllib3, so every object
-reaches `decode_object` in exactly the shape a manifest file has.
+One thread per kind runs the blocking watch loop and hands decoded events to the
+asyncio loop (`call_soon_threadsafe`), so the loop never blocks on the network.
+Credentials and requests are bridge/sources/kube_api.py's; what the API sends (its
+protobuf for the built-in kinds, JSON for the others) becomes the mappings
+`decode_object` reads through bridge/sources/kube_wire.py, so every object reaches
+the decoders in the shape a manifest file has.
+
+A big cluster's state never sits in memory as one document: the watch asks the
+server to send the state first, object by object, up to a bookmark that marks its
+end (WatchList, `sendInitialEvents`; served from the server's cache), and the same
+stream then carries the changes. A server that cannot (before 1.27, or with the
+feature off) is listed in pages (`limit`/`continue`), then watched.
 
 Watch correctness, as client-go's reflector does it:
-  * the list's resourceVersion carries into the watch; bookmarks are requested and
+  * the state's resourceVersion carries into the watch; bookmarks are requested and
     only move that resourceVersion forward;
   * a server-side watch timeout is renewed silently from the last resourceVersion;
-  * `410 Gone` relists, and the relist is applied as the real difference only
+  * `410 Gone` reads the state again, and applies it as the real difference only
     (`Cluster.replace`), so no spurious remove/add reaches any stream;
   * disconnects retry with capped exponential backoff and full jitter; meanwhile the
     last-known state keeps being served and `stale` is true (so /ready says so).
@@ -21,27 +29,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import prometheus_client
 import structlog
 
 from bridge.cluster import Cluster, Event, EventType
-from bridge.objects import KubeObject, ObjectError, decode_object, tombstone
+from bridge.objects import (
+    REMOTE_KUBECONFIG_SECRET_TYPE,
+    KubeObject,
+    ObjectError,
+    decode_object,
+    tombstone,
+)
 from bridge.routes.index import ROUTE_STORE_KINDS
+from bridge.sources import kube_wire
 from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
 from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
 LIST_PAGE = 500
+# The annotation on the bookmark that ends a watch's initial events.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 WATCH_TIMEOUT_RANGE = (240, 480)  # seconds; randomised like client-go to spread renewals
 BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0
 FORBIDDEN_RETRY = 60.0  # an RBAC denial is retried, slowly, in case it is fixed
@@ -54,8 +71,14 @@ class KindSpec:
     kind: str
     path: str
     lag_metric: str  # Linkerd's `<kind>_informer_lag_seconds` name (Linkerd §4.9)
-    cache_metric: str  # Linkerd's `<kind>_cache_size` name
+    cache_metric: str  # Linkerd's `<kind>_cache_size` name; "" for a kind Linkerd has none of
     optional: bool = False  # a CRD that may not be installed
+    # Query parameters every list and watch carries (a label or field selector), for a
+    # watch narrowed to what is needed; `path` may then be a namespaced one.
+    params: tuple[tuple[str, str], ...] = ()
+    # For a kind only some deployments grant (linked clusters' Secrets): a denial is
+    # this one info line, not an error.
+    denied_hint: str = ""
 
 
 KINDS = {
@@ -91,12 +114,42 @@ POLICY_KINDS = ("HTTPRoute", "GatewayHTTPRoute", "GRPCRoute", "AuthorizationPoli
                 "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication")
 
 
-def watched_kinds(endpoints_api: str) -> list[KindSpec]:
-    """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this."""
+def watched_kinds(endpoints_api: str, link_namespace: str = "") -> list[KindSpec]:
+    """What `--source kube` lists and watches; deploy/'s ClusterRole grants exactly this
+    (and its Role the linked clusters' Secrets in `link_namespace`, when given)."""
     endpoints = "Endpoints" if endpoints_api == "endpoints" else "EndpointSlice"
     order = ["Node", "ReplicaSet", "Job", "Pod", "Server", "Service", endpoints,
              "ServiceProfile", *POLICY_KINDS]
-    return [KINDS[k] for k in order]
+    specs = [KINDS[k] for k in order]
+    if link_namespace:
+        specs.append(link_secrets(link_namespace))
+    return specs
+
+
+def link_secrets(namespace: str) -> KindSpec:
+    """The linked clusters' credentials: Secrets of Linkerd's remote-kubeconfig type in
+    the controller namespace, selected by type on the server, so no other Secret is
+    ever sent here (docs/multicluster.md)."""
+    return KindSpec("Secret", f"/api/v1/namespaces/{namespace}/secrets", "secrets", "",
+                    optional=True, params=(("fieldSelector",
+                                            f"type={REMOTE_KUBECONFIG_SECRET_TYPE}"),),
+                    denied_hint="linked clusters' Secrets are not readable here: no cluster "
+                                "is linked by Secret (deploy/multicluster/ grants it)")
+
+
+class LagObserver(Protocol):
+    """Where a watcher records how late it saw an update (a histogram)."""
+
+    def observe(self, amount: float) -> None: ...
+
+
+def backoff_delay(attempt: int) -> float:
+    """Capped exponential backoff with full jitter (client-go's reflector)."""
+    return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
+
+
+class NotOffered(Exception):
+    """The API server cannot stream a watch's initial state: list it instead."""
 
 
 def newest_update_time(raw: dict[str, Any]) -> float | None:
@@ -107,10 +160,14 @@ def newest_update_time(raw: dict[str, Any]) -> float | None:
     for f in fields if isinstance(fields, list) else ():
         if not isinstance(f, dict) or f.get("operation") != "Update":
             continue
+        t: float | None = None
         if isinstance(f.get("time"), str):
             with contextlib.suppress(ValueError):
                 t = datetime.fromisoformat(f["time"].replace("Z", "+00:00")).timestamp()
-                newest = t if newest is None or t > newest else newest
+        elif isinstance(f.get("time"), int):  # from the protobuf encoding (kube_wire)
+            t = float(f["time"])
+        if t is not None and (newest is None or t > newest):
+            newest = t
     return newest
 
 
@@ -118,11 +175,15 @@ class KindWatcher:
     """The reflector of one kind: list, then watch from the list's resourceVersion."""
 
     def __init__(self, spec: KindSpec, client: ApiClient, emit: Callable[[Any], None],
-                 lag: prometheus_client.Histogram | None) -> None:
+                 lag: LagObserver | None,
+                 report: Callable[[str, str], None] | None = None) -> None:
         self.spec = spec
         self.client = client
         self.emit = emit
         self.lag = lag
+        # Told (category, detail) of each failure instead of logging it, by an owner that
+        # logs once per cause (a linked cluster's watches); None: log here.
+        self.report = report
         self.stopping = threading.Event()
         self.connected = False
         # Not readable at all (CRD missing, access denied): served as empty, not stale.
@@ -130,11 +191,18 @@ class KindWatcher:
         self.synced = False
         self.resource_version = ""
         self.relists = 0
+        self.started_at = time.monotonic()
+        # The kind's whole state is wanted (at start, after 410 Gone).
+        self.need_state = True
+        # Whether the server streams a watch's initial state: unknown until it says.
+        self.watch_list: bool | None = None
         self._response: Any = None
+        self._failed = False  # since the last time the API answered
         self._update_times: dict[tuple[str, str], float] = {}
         self.thread = threading.Thread(target=self._run, name=f"watch-{spec.kind}", daemon=True)
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.thread.start()
 
     def stop(self) -> None:
@@ -150,45 +218,67 @@ class KindWatcher:
 
     def _run(self) -> None:
         attempt = 0
-        need_list = True
         reported: str | None = None
         while not self.stopping.is_set():
             try:
-                if need_list:
+                if self.need_state and self.watch_list is False:
                     self._list()
-                    need_list = False
                     reported = None
-                self.connected, self.unavailable = True, False
-                attempt = 0
                 self._watch()  # returns when the server ends the watch: renew silently
+                attempt = 0
+                if not self.need_state:
+                    reported = None
+            except NotOffered as e:
+                log.info("the API server does not stream initial state; listing in pages",
+                         kind=self.spec.kind, reason=str(e))
+                self.watch_list = False
             except Gone:
                 log.info("watch expired; relisting", kind=self.spec.kind,
                          resource_version=self.resource_version)
-                need_list = True
+                self.need_state = True
             except ApiError as e:
-                self.connected = False
+                attempt = self._lost(attempt)
+                self._failed = True
                 if e.status == 404 and self.spec.optional:
                     if reported != "missing":
-                        log.warning("CRD not installed; will check again later",
-                                    kind=self.spec.kind, path=self.spec.path)
+                        if self.report is not None:
+                            self.report("missing", f"{self.spec.kind}: not installed")
+                        else:
+                            log.warning("CRD not installed; will check again later",
+                                        kind=self.spec.kind, path=self.spec.path)
                         reported = "missing"
                     self._settle_empty()
                     self.stopping.wait(MISSING_CRD_RETRY)
                 elif e.status in (401, 403):
                     if reported != "forbidden":
-                        log.error("access denied; other kinds keep working", kind=self.spec.kind,
-                                  status=e.status, reason=e.reason)
+                        if self.report is not None:
+                            self.report("access_denied", f"{self.spec.kind}: HTTP {e.status}: "
+                                                         f"{e.reason}")
+                        elif self.spec.denied_hint:
+                            log.info(self.spec.denied_hint, kind=self.spec.kind,
+                                     path=self.spec.path, status=e.status)
+                        else:
+                            log.error("access denied; other kinds keep working",
+                                      kind=self.spec.kind, status=e.status, reason=e.reason)
                         reported = "forbidden"
                     self._settle_empty()
                     self.stopping.wait(FORBIDDEN_RETRY)
                 else:
                     attempt = self._back_off(attempt, str(e))
-                need_list = need_list or not self.resource_version
+                self.need_state = self.need_state or not self.resource_version
             except Exception as e:  # network errors, truncated streams: retry
                 if self.stopping.is_set():
                     return
-                self.connected = False
+                attempt = self._lost(attempt)
+                self._failed = True
                 attempt = self._back_off(attempt, f"{type(e).__name__}: {e}")
+
+    def _lost(self, attempt: int) -> int:
+        """The API is out of reach. A watch that connected since the last failure
+        starts the back-off afresh: a new outage must not wait out the last one's
+        growing delays (up to BACKOFF_CAP) after the server is back."""
+        had_connected, self.connected = self.connected, False
+        return 0 if had_connected else attempt
 
     def _settle_empty(self) -> None:
         """A kind we cannot read counts as listed-empty so readiness is not held hostage."""
@@ -198,57 +288,120 @@ class KindWatcher:
             self.synced = True
 
     def _back_off(self, attempt: int, reason: str) -> int:
-        delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
-        log.warning("watch disconnected; retrying", kind=self.spec.kind, reason=reason,
-                    retry_in=round(delay, 2))
+        delay = backoff_delay(attempt)
+        if self.report is not None:
+            self.report("unreachable", f"{self.spec.kind}: {reason}")
+        else:
+            log.warning("watch disconnected; retrying", kind=self.spec.kind, reason=reason,
+                        retry_in=round(delay, 2))
         self.stopping.wait(delay)
         return attempt + 1
 
     def _list(self) -> None:
+        """The state in pages (`limit`/`continue`), for a server that cannot stream it:
+        only one page is ever held undecoded."""
         objs: list[KubeObject] = []
-        params: dict[str, Any] = {"limit": LIST_PAGE}
+        params: dict[str, Any] = {"limit": LIST_PAGE, **dict(self.spec.params)}
         while True:
-            page = self.client.get_json(self.spec.path, params)
-            for raw in page.get("items") or []:
+            resp = self.client.open(self.spec.path, params, read_timeout=60.0,
+                                    accept=kube_wire.accept(self.spec.kind))
+            try:
+                page = kube_wire.decode_list(self.spec.kind, resp.read(),
+                                             resp.headers.get("Content-Type"))
+            finally:
+                resp.release_conn()
+            for raw in page.items:
                 obj = self._decode(raw)
                 if obj is not None:
                     objs.append(obj)
                     self._note_update_time(raw, observe=False)
-            md = page.get("metadata") or {}
-            cont = md.get("continue")
-            if not cont:
-                self.resource_version = str(md.get("resourceVersion", ""))
+            if not page.continue_token:
+                self.resource_version = page.resource_version
                 break
-            params = {"limit": LIST_PAGE, "continue": cont}
+            params = {"limit": LIST_PAGE, "continue": page.continue_token,
+                      **dict(self.spec.params)}
+        self._replace(objs)
+
+    def _replace(self, objs: list[KubeObject]) -> None:
+        log.debug("state received", kind=self.spec.kind, objects=len(objs),
+                  streamed=bool(self.watch_list), relist=self.relists,
+                  seconds=round(time.monotonic() - self.started_at, 3))
         self.relists += 1
+        self.need_state = False
         self.emit(("replace", self.spec.kind, objs))
         self.synced = True
+        self._answered()
+
+    def _answered(self) -> None:
+        """The API answered again after failures: an owner that logs once per cause
+        hears that the cause is gone."""
+        if self._failed:
+            self._failed = False
+            if self.report is not None:
+                self.report("recovered", self.spec.kind)
 
     def _watch(self) -> None:
+        """One watch, renewed by the caller when the server ends it. While the state is
+        needed, and unless the server has said it cannot, the watch asks the server to
+        send the state first (`sendInitialEvents`, served from its cache) as ADDED
+        events up to a bookmark that says so: the state arrives one object at a time,
+        and the same stream then carries the changes."""
         timeout = random.randint(*WATCH_TIMEOUT_RANGE)
-        params = {"watch": "1", "resourceVersion": self.resource_version,
-                  "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout)}
-        resp = self.client.open(self.spec.path, params, read_timeout=timeout + 30)
-        self._response = resp
+        params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout),
+                  **dict(self.spec.params)}
+        initial: list[KubeObject] | None = None
+        if self.need_state:
+            initial = []
+            params |= {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"}
+        else:
+            params["resourceVersion"] = self.resource_version
         try:
-            for line in _lines(resp):
+            resp = self.client.open(self.spec.path, params, read_timeout=timeout + 30,
+                                    accept=kube_wire.accept(self.spec.kind))
+        except ApiError as e:
+            if initial is not None and e.status in (400, 422):  # it cannot (or is older)
+                raise NotOffered(e.reason) from e
+            raise
+        self._response = resp
+        self.connected, self.unavailable = True, False
+        self._answered()
+        try:
+            events = kube_wire.watch_events(self.spec.kind, resp.stream(65536),
+                                            resp.headers.get("Content-Type"))
+            for etype, raw in events:
                 if self.stopping.is_set():
                     return
-                self._handle(json.loads(line))
+                if initial is None:
+                    self._handle(etype, raw)
+                elif etype == "ADDED":
+                    obj = self._decode(raw)
+                    if obj is not None:
+                        initial.append(obj)
+                        self._note_update_time(raw, observe=False)
+                elif etype == "BOOKMARK" and _initial_events_end(raw):
+                    self._track(raw)
+                    self.watch_list = True
+                    self._replace(initial)
+                    initial = None
+                else:
+                    self._handle(etype, raw)
         finally:
             self._response = None
             with contextlib.suppress(Exception):
                 resp.release_conn()
 
-    def _handle(self, event: dict[str, Any]) -> None:
-        etype, raw = event.get("type"), event.get("object") or {}
+    def _track(self, raw: dict[str, Any]) -> dict[str, Any]:
+        md = raw.get("metadata") or {}
+        if md.get("resourceVersion"):
+            self.resource_version = str(md["resourceVersion"])
+        return md
+
+    def _handle(self, etype: str, raw: dict[str, Any]) -> None:
         if etype == "ERROR":
             if raw.get("code") == 410:
                 raise Gone(str(raw.get("message", "")))
             raise ApiError(int(raw.get("code") or 0), str(raw.get("message", "")))
-        md = raw.get("metadata") or {}
-        if md.get("resourceVersion"):
-            self.resource_version = str(md["resourceVersion"])
+        md = self._track(raw)
         if etype == "BOOKMARK":
             return
         if etype == "DELETED":
@@ -293,28 +446,27 @@ class KindWatcher:
         self._update_times[key] = t
 
 
-def _lines(resp: Any) -> Iterator[bytes]:
-    buf = b""
-    for chunk in resp.stream(65536):
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            if line.strip():
-                yield line
-    if buf.strip():
-        yield buf
+def _initial_events_end(raw: dict[str, Any]) -> bool:
+    """The bookmark that ends a watch's initial state (the API's watch-list)."""
+    annotations = (raw.get("metadata") or {}).get("annotations") or {}
+    return bool(annotations.get(INITIAL_EVENTS_END) == "true")
 
 
 class KubeSource:
     def __init__(self, kubeconfig: str | None = None, context: str | None = None,
                  endpoints_api: str = "endpointslices",
-                 credentials: Credentials | None = None, route_status: bool = True) -> None:
+                 credentials: Credentials | None = None, route_status: bool = True,
+                 link_namespace: str = "", kinds: list[KindSpec] | None = None) -> None:
         if endpoints_api not in ("endpointslices", "endpoints"):
             raise ValueError(f"--endpoints-api {endpoints_api!r}: endpointslices or endpoints")
         self.name = "kube"
         self.kubeconfig = kubeconfig
         self.context = context
         self.endpoints_api = endpoints_api
+        # Where linked clusters' Secrets are read from ("": none are).
+        self.link_namespace = link_namespace
+        # What to watch instead of what serving needs (a controller that reads less).
+        self.kinds = kinds
         self._credentials = credentials
         # --route-status: write each route's status.parents entries (Routes §6).
         self.route_status = route_status
@@ -341,7 +493,7 @@ class KubeSource:
         loop = asyncio.get_running_loop()
         handoff = _Handoff(loop, cluster)
 
-        specs = watched_kinds(self.endpoints_api)
+        specs = self.kinds or watched_kinds(self.endpoints_api, self.link_namespace)
         self._cache_gauges(specs, cluster)
         self.watchers = [KindWatcher(s, client, handoff.emit, self._lag_histogram(s))
                          for s in specs]
@@ -352,7 +504,9 @@ class KubeSource:
         for w in self.watchers:
             w.start()
         writer_task: asyncio.Task[None] | None = None
-        if self.route_status:
+        # Statuses are written only for routes this source watches (a source told to
+        # watch other kinds, as a linked cluster's or the mirror's, writes none).
+        if self.route_status and any(s.kind in ROUTE_STORE_KINDS for s in specs):
             self.status_writer = RouteStatusWriter(
                 client, cluster, {k: KINDS[k].path for k in ROUTE_STORE_KINDS})
 
@@ -375,22 +529,51 @@ class KubeSource:
                 self.status_writer.close()
 
     def _lag_histogram(self, spec: KindSpec) -> prometheus_client.Histogram | None:
-        if self._metrics is None:
-            return None
-        return prometheus_client.Histogram(
-            f"{spec.lag_metric}_informer_lag_seconds",
-            f"Delay between a {spec.kind} update and this informer seeing it",
-            buckets=LAG_BUCKETS, registry=self._metrics)
+        return None if self._metrics is None else lag_histogram(self._metrics, spec)
 
     def _cache_gauges(self, specs: list[KindSpec], cluster: Cluster) -> None:
         """Cache sizes, counted when scraped: never on the path of an event."""
         if self._metrics is None:
             return
         for s in specs:
-            gauge = prometheus_client.Gauge(f"{s.cache_metric}_cache_size",
-                                            f"Number of {s.kind} objects in the cache",
-                                            ["cluster"], registry=self._metrics)
-            gauge.labels(cluster.name).set_function(functools.partial(_count, cluster, s.kind))
+            gauge = cache_size_gauge(self._metrics, s)
+            if gauge is not None:
+                gauge.labels(cluster.name).set_function(functools.partial(_count, cluster, s.kind))
+
+
+# Linkerd's informer metrics are one family per kind, shared by every cluster's watchers
+# (the local one and each linked one, told apart by the `cluster` label of the cache
+# sizes): made once per registry, whoever asks first.
+_FAMILIES: weakref.WeakKeyDictionary[prometheus_client.CollectorRegistry,
+                                     dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def lag_histogram(registry: prometheus_client.CollectorRegistry,
+                  spec: KindSpec) -> prometheus_client.Histogram:
+    """Linkerd's `<kind>_informer_lag_seconds` (no cluster label, as in Linkerd)."""
+    name = f"{spec.lag_metric}_informer_lag_seconds"
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = prometheus_client.Histogram(
+            name, f"Delay between a {spec.kind} update and this informer seeing it",
+            buckets=LAG_BUCKETS, registry=registry)
+    histogram: prometheus_client.Histogram = families[name]
+    return histogram
+
+
+def cache_size_gauge(registry: prometheus_client.CollectorRegistry,
+                     spec: KindSpec) -> prometheus_client.Gauge | None:
+    """Linkerd's `<kind>_cache_size{cluster}`; None for a kind Linkerd has none of."""
+    if not spec.cache_metric:
+        return None
+    name = f"{spec.cache_metric}_cache_size"
+    families = _FAMILIES.setdefault(registry, {})
+    if name not in families:
+        families[name] = prometheus_client.Gauge(
+            name, f"Number of {spec.kind} objects in the cache", ["cluster"],
+            registry=registry)
+    gauge: prometheus_client.Gauge = families[name]
+    return gauge
 
 
 def _count(cluster: Cluster, kind: str) -> float:

@@ -1,20 +1,25 @@
-"""The Kubernetes API client: credentials as kubectl finds them, and JSON requests
-against the API server. Used by the kube source's watchers, by the start-up checks
-(one list per kind before anything is served) and by the identity service's
-TokenReview; it knows nothing of what any of them asks.
+"""The Kubernetes API client: credentials as kubectl finds them
+(bridge/sources/kubeconfig.py), and requests against the API server: JSON, or the
+API's protobuf where the caller asks for it (bridge/sources/kube_wire.py). Used by the
+kube source's watchers, by the start-up checks (one list per kind before anything is
+served) and by the identity service's TokenReview; it knows nothing of what any of
+them asks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import urllib3
 
+from bridge.sources import kube_wire
+from bridge.sources import kubeconfig as kubeconfig_reader
 from bridge.sources.base import SourceSpecError
+from bridge.sources.kubeconfig import Credentials
+
+__all__ = ["ApiClient", "ApiError", "Credentials", "Gone", "load_credentials"]
 
 
 class ApiError(Exception):
@@ -28,50 +33,24 @@ class Gone(Exception):
     """The resourceVersion we watch from has been compacted away: relist."""
 
 
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    host: str
-    headers: dict[str, str]
-    ca_file: str | None
-    cert_file: str | None
-    key_file: str | None
-    verify: bool
-
-
 def load_credentials(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
     """In-cluster config when running in a pod (and no kubeconfig is named), else
-    KUBECONFIG / ~/.kube/config, as kubectl does."""
-    from kubernetes import client, config  # imported lazily: heavy, and only needed here
-
-    cfg = client.Configuration()
+    KUBECONFIG / ~/.kube/config, as kubectl does (bridge/sources/kubeconfig.py)."""
     if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException as e:
+            return kubeconfig_reader.in_cluster()
+        except kubeconfig_reader.KubeconfigError as e:
             raise SourceSpecError(f"kube source: in-cluster config: {e}") from e
-    else:
-        # The errors name the file and the context looked for (the library's do not).
-        path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        wanted = f"context {context!r}" if context else "its current-context"
-        files = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
-        if not any(os.path.isfile(f) for f in files):
-            raise SourceSpecError(f"kube source: kubeconfig {path}: no such file (give "
-                                  "--kubeconfig, or set KUBECONFIG)")
-        try:
-            config.load_kube_config(config_file=kubeconfig, context=context,
-                                    client_configuration=cfg)
-        except Exception as e:  # the library raises more than ConfigException for bad files
-            reason = str(e).removeprefix("Invalid kube-config file. ")
-            if context and f"name {context} in" in reason:
-                reason = "no such context"
-            raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {reason}") from e
-    headers = {"Accept": "application/json", "User-Agent": "meshbridge"}
-    # Client versions differ in the key they file the bearer token under.
-    token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
-    if token:
-        headers["Authorization"] = token
-    return Credentials(cfg.host.rstrip("/"), headers, cfg.ssl_ca_cert, cfg.cert_file,
-                       cfg.key_file, bool(cfg.verify_ssl))
+    # The errors name the file and the context looked for.
+    path = kubeconfig or os.environ.get("KUBECONFIG") or kubeconfig_reader.DEFAULT_KUBECONFIG
+    wanted = f"context {context!r}" if context else "its current-context"
+    if not any(f.is_file() for f in kubeconfig_reader.kubeconfig_files(kubeconfig)):
+        raise SourceSpecError(f"kube source: kubeconfig {path}: no such file (give "
+                              "--kubeconfig, or set KUBECONFIG)")
+    try:
+        return kubeconfig_reader.from_kubeconfig(kubeconfig, context)
+    except kubeconfig_reader.KubeconfigError as e:
+        raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {e}") from e
 
 
 class ApiClient:
@@ -89,18 +68,20 @@ class ApiClient:
                 kwargs["key_file"] = creds.key_file
         self.pool = urllib3.PoolManager(**kwargs)
 
-    def open(self, path: str, params: dict[str, Any], read_timeout: float) -> Any:
+    def open(self, path: str, params: dict[str, Any], read_timeout: float,
+             accept: str | None = None) -> Any:
+        headers = self.creds.headers if accept is None else {**self.creds.headers,
+                                                             "Accept": accept}
         resp = self.pool.request(
-            "GET", self.creds.host + path, fields=params, headers=self.creds.headers,
+            "GET", self.creds.host + path, fields=params, headers=headers,
             preload_content=False,
             timeout=urllib3.Timeout(connect=5.0, read=read_timeout),
         )
         if resp.status >= 300:
             body = resp.read(65536)
             resp.release_conn()
-            reason = resp.reason or ""
-            with contextlib.suppress(ValueError):
-                reason = json.loads(body).get("message", reason)
+            reason = kube_wire.status_message(body, resp.headers.get("Content-Type")) \
+                or resp.reason or ""
             if resp.status == 410:
                 raise Gone(reason)
             raise ApiError(resp.status, reason)

@@ -20,15 +20,17 @@ Scenario (YAML):
       patterns: {rolling_restart: 1, scale: 1, zone_loss: 0.2, flap: 1}   # relative weights
     duration: 30               # seconds of churn; omit to churn until stopped
     clients: {...}             # read by `meshbridge compare`, ignored here
+    linked: {...}              # a second, linked cluster (`meshbridge compare`)
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import string
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,8 @@ class ClusterShape:
     slice_size: int = 100
     port: int = 8080
     meshed: bool = True
+    # Pod IPs are 10.<pod_network + n>.x.y: another cluster's sim takes another range.
+    pod_network: int = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +93,16 @@ class Scenario:
     duration: float | None = None
     clients: Mapping[str, Any] = field(default_factory=dict)
     name: str = "scenario"
+    # A second cluster linked to this one (read by `meshbridge compare`).
+    linked: Mapping[str, Any] = field(default_factory=dict)
+    # Route edits for `meshbridge compare` (harness.compare.route_edit), passed through
+    # unread as `clients` is.
+    routes: Mapping[str, Any] = field(default_factory=dict)
 
 
 _SHAPE_LIMITS = {
     "namespaces": (1, 1000), "services": (1, 100000), "endpoints_per_service": (0, 10000),
-    "zones": (1, 26), "slice_size": (1, 1000), "port": (1, 65535),
+    "zones": (1, 26), "slice_size": (1, 1000), "port": (1, 65535), "pod_network": (0, 191),
 }
 
 
@@ -107,7 +116,9 @@ def _check_keys(section: Mapping[str, Any], allowed: set[str], where: str) -> No
 def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
     if not isinstance(raw, Mapping):
         raise ScenarioError("scenario: the top level must be a mapping")
-    _check_keys(raw, {"seed", "cluster", "churn", "duration", "clients", "name"}, "scenario")
+    _check_keys(raw, {"seed", "cluster", "churn", "duration", "clients", "name", "linked",
+                      "routes"},
+                "scenario")
     seed = raw.get("seed", 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ScenarioError(f"seed: must be an integer, got {seed!r}")
@@ -154,6 +165,12 @@ def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
     clients = raw.get("clients") or {}
     if not isinstance(clients, Mapping):
         raise ScenarioError("clients: must be a mapping")
+    linked = raw.get("linked") or {}
+    if not isinstance(linked, Mapping):
+        raise ScenarioError("linked: must be a mapping")
+    routes = raw.get("routes") or {}
+    if not isinstance(routes, Mapping):
+        raise ScenarioError("routes: must be a mapping")
     return Scenario(
         seed=seed,
         cluster=ClusterShape(**shape_args),
@@ -161,6 +178,8 @@ def parse_scenario(raw: Any, name: str = "scenario") -> Scenario:
         duration=float(duration) if duration is not None else None,
         clients=clients,
         name=str(raw.get("name", name)),
+        linked=linked,
+        routes=routes,
     )
 
 
@@ -186,6 +205,9 @@ class _SimPod:
     zone_index: int
     ready: bool = True
     slice: int = 0  # which of the service's EndpointSlices holds it (stays put)
+    # Its slice entry as last built, and whether it was ready then: a slice is rebuilt
+    # from its members' entries, so an unchanged member costs no new object.
+    entry: SliceEndpoint | None = None
 
 
 @dataclass(slots=True)
@@ -197,6 +219,16 @@ class _SimService:
     generation: int = 0
     # What each of its EndpointSlices last held, so only changed slices are written.
     slices: dict[int, tuple[SliceEndpoint, ...]] = field(default_factory=dict)
+    # Each slice's pods, in the order of `pods`: a change rebuilds the slices it
+    # touched from these, never the whole service (a one-pod change in a service of
+    # 5,000 must cost the harness one slice, as it costs the server).
+    members: dict[int, list[_SimPod]] = field(default_factory=dict)
+
+    def place(self, pod: _SimPod) -> None:
+        self.members.setdefault(pod.slice, []).append(pod)
+
+    def unplace(self, pod: _SimPod) -> None:
+        self.members[pod.slice].remove(pod)
 
 
 class SimCluster:
@@ -215,7 +247,9 @@ class SimCluster:
         for i in range(self.shape.services):
             svc = _SimService(f"ns-{i % self.shape.namespaces}", f"svc-{i}")
             for _ in range(self.shape.endpoints_per_service):
-                svc.pods.append(self._new_pod(svc))
+                pod = self._new_pod(svc)
+                svc.pods.append(pod)
+                svc.place(pod)
             self.services.append(svc)
 
     # -- building objects
@@ -227,7 +261,7 @@ class SimCluster:
     def _new_pod(self, svc: _SimService) -> _SimPod:
         self._ip_counter += 1
         n = self._ip_counter
-        ip = f"10.{64 + (n >> 16) % 64}.{(n >> 8) & 255}.{n & 255}"
+        ip = f"10.{self.shape.pod_network + (n >> 16) % 64}.{(n >> 8) & 255}.{n & 255}"
         svc.generation += 1
         suffix = f"{svc.generation:05d}"
         return _SimPod(f"{svc.name}-{suffix}", ip, self.rng.randrange(self.shape.zones),
@@ -258,39 +292,42 @@ class SimCluster:
     def _slice_of_new_pod(self, svc: _SimService) -> int:
         """Like the EndpointSlice controller: fill the first slice with room; existing
         endpoints never move between slices."""
-        counts: dict[int, int] = {}
-        for p in svc.pods:
-            counts[p.slice] = counts.get(p.slice, 0) + 1
         k = 0
-        while counts.get(k, 0) >= self.shape.slice_size:
+        while len(svc.members.get(k, ())) >= self.shape.slice_size:
             k += 1
         return k
 
-    def _slice_events(self, svc: _SimService) -> list[Event]:
-        """ADDED/MODIFIED for each slice whose endpoints changed, DELETED for slices that
-        emptied (slice 0 stays, empty, as the controller's placeholder)."""
-        groups: dict[int, list[_SimPod]] = {0: []}
-        for p in svc.pods:
-            groups.setdefault(p.slice, []).append(p)
-        events: list[Event] = []
-        for k in sorted(set(groups) | set(svc.slices)):
-            pods = groups.get(k)
-            if not pods and k != 0:
-                svc.slices.pop(k, None)
-                events.append(Event(EventType.DELETED, self._slice(svc, k, ())))
-                continue
-            eps = tuple(
-                SliceEndpoint(
-                    addresses=(p.ip,),
-                    ready=p.ready and p.zone_index != self.lost_zone,
-                    serving=p.ready and p.zone_index != self.lost_zone,
-                    terminating=False,
-                    node_name=f"node-{self.zones[p.zone_index]}",
-                    zone=self.zones[p.zone_index],
-                    target=TargetRef("Pod", p.name, svc.namespace),
-                )
-                for p in pods or ()
+    def _entry(self, svc: _SimService, p: _SimPod) -> SliceEndpoint:
+        ready = p.ready and p.zone_index != self.lost_zone
+        entry = p.entry
+        if entry is None or entry.ready != ready:
+            entry = p.entry = SliceEndpoint(
+                addresses=(p.ip,),
+                ready=ready,
+                serving=ready,
+                terminating=False,
+                node_name=f"node-{self.zones[p.zone_index]}",
+                zone=self.zones[p.zone_index],
+                target=TargetRef("Pod", p.name, svc.namespace),
             )
+        return entry
+
+    def _slice_events(self, svc: _SimService, touched: Iterable[int] | None = None,
+                      ) -> list[Event]:
+        """ADDED/MODIFIED for each slice whose endpoints changed, DELETED for slices that
+        emptied (slice 0 stays, empty, as the controller's placeholder). Only the slices
+        `touched` are looked at (every slice when None)."""
+        keys = sorted(set(svc.members) | set(svc.slices) | {0} if touched is None
+                      else set(touched))
+        events: list[Event] = []
+        for k in keys:
+            pods = svc.members.get(k)
+            if not pods and k != 0:
+                svc.members.pop(k, None)
+                if svc.slices.pop(k, None) is not None:
+                    events.append(Event(EventType.DELETED, self._slice(svc, k, ())))
+                continue
+            eps = tuple(self._entry(svc, p) for p in pods or ())
             if svc.slices.get(k) == eps:
                 continue
             kind = EventType.MODIFIED if k in svc.slices else EventType.ADDED
@@ -336,8 +373,8 @@ class SimCluster:
             pattern = self.rng.choices(names, weights)[0]
             yield pattern, getattr(self, f"_step_{pattern}")()
 
-    def _changed(self, svc: _SimService, pods: list[Event]) -> list[Event]:
-        return pods + self._slice_events(svc)
+    def _changed(self, svc: _SimService, pods: list[Event], slice_: int) -> list[Event]:
+        return pods + self._slice_events(svc, (slice_,))
 
     def _step_rolling_restart(self) -> list[Event]:
         svc = self.rng.choice(self.services)
@@ -349,9 +386,11 @@ class SimCluster:
         new = self._new_pod(svc)
         new.slice = old.slice  # the replacement takes the old pod's place
         svc.pods[i] = new
+        members = svc.members[old.slice]
+        members[members.index(old)] = new
         added = Event(EventType.ADDED, self._pod_object(svc, new))
         deleted = Event(EventType.DELETED, self._pod_object(svc, old))
-        return [*self._changed(svc, [added]), deleted]
+        return [*self._changed(svc, [added], old.slice), deleted]
 
     def _step_scale(self, svc: _SimService | None = None, up: bool | None = None) -> list[Event]:
         svc = svc or self.rng.choice(self.services)
@@ -363,14 +402,18 @@ class SimCluster:
         if up:
             pod = self._new_pod(svc)
             svc.pods.append(pod)
-            return self._changed(svc, [Event(EventType.ADDED, self._pod_object(svc, pod))])
+            svc.place(pod)
+            return self._changed(svc, [Event(EventType.ADDED, self._pod_object(svc, pod))],
+                                 pod.slice)
         gone = svc.pods.pop(self.rng.randrange(len(svc.pods)))
-        return self._changed(svc, [Event(EventType.DELETED, self._pod_object(svc, gone))])
+        svc.unplace(gone)
+        return self._changed(svc, [Event(EventType.DELETED, self._pod_object(svc, gone))],
+                             gone.slice)
 
     def _step_zone_loss(self) -> list[Event]:
         self.lost_zone = self.rng.randrange(self.shape.zones) if self.lost_zone is None else None
         events: list[Event] = []
-        for svc in self.services:
+        for svc in self.services:  # every endpoint of a zone: every slice may change
             events.extend(self._slice_events(svc))
         return events
 
@@ -383,7 +426,7 @@ class SimCluster:
         svc = self.services[self.flap_target[0]]
         pod = svc.pods[self.flap_target[1] % len(svc.pods)]
         pod.ready = not pod.ready
-        return self._changed(svc, [])
+        return self._changed(svc, [], pod.slice)
 
 
 EmitHook = Callable[[int, str, float], None]  # (change index, pattern, emit time)
@@ -399,6 +442,9 @@ class SimSource:
         self.sim = SimCluster(scenario)
         self.on_emit = on_emit
         self.emitted = 0
+        # CPU seconds this source spent making its changes (not applying them), so that
+        # a measurement can tell the harness's share from the server's.
+        self.cpu_seconds = 0.0
         self.finished = asyncio.Event()
 
     @property
@@ -417,7 +463,11 @@ class SimSource:
         interval = 1.0 / rate
         start = time.monotonic()
         deadline = start + self.scenario.duration if self.scenario.duration else None
-        for index, (pattern, events) in enumerate(self.sim.changes()):
+        changes = self.sim.changes()
+        for index in itertools.count():
+            t0 = time.process_time()
+            pattern, events = next(changes)
+            self.cpu_seconds += time.process_time() - t0
             due = start + index * interval
             if deadline is not None and due >= deadline:
                 break

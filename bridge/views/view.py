@@ -72,6 +72,9 @@ class View:
         # serialization (bridge.views.derived).
         self._derived: dict[Derivation[Any], Derived] = {}
         self.diff_computations = 0
+        # False for a View whose endpoints each come filtered already (one served from
+        # other clusters' Views, bridge.multicluster): only locality and weight then.
+        self.filters = True
 
     def derived(self, how: Derivation[D]) -> D:
         """The value `how` derives from this View: made on first use, then advanced
@@ -199,8 +202,8 @@ class View:
         ids = set(changed)
         if self._config.enable_ipv6:
             # A dual-stack pod's IPv4 endpoint is shown only without its IPv6 one.
-            ids.update(EndpointId("pod", i.namespace, i.name, "IPv4") for i in changed
-                       if i.kind == "pod" and i.family == "IPv6")
+            ids.update(EndpointId("pod", i.namespace, i.name, "IPv4", i.cluster)
+                       for i in changed if i.kind == "pod" and i.family == "IPv6")
         previous = self.snapshot
         changes: dict[EndpointId, ResolvedEndpoint | None] = {}
         for i in ids:
@@ -236,7 +239,7 @@ class View:
         if i.family == "IPv6" and not self._config.enable_ipv6:
             return None
         if i.kind == "pod" and i.family == "IPv4" and self._config.enable_ipv6:
-            v6 = available.get(EndpointId("pod", i.namespace, i.name, "IPv6"))
+            v6 = available.get(EndpointId("pod", i.namespace, i.name, "IPv6", i.cluster))
             if v6 is not None and self._passes(v6):
                 return None
         return _resolved(e, self._rules.node_zone, self._config, prev)
@@ -245,7 +248,7 @@ class View:
         fk = self.key.filter
         node_zone = self.cluster.node_zone(fk.node_name) if fk.node_name else ""
         local_only = hinted = False
-        if fk.filtering:
+        if fk.filtering and self.filters:
             svc = self.cluster.services.get(self.key.service)
             local_only = svc is not None and svc.internal_traffic_local
             hinted = not local_only
@@ -264,7 +267,7 @@ class View:
         if fk.hostname:
             cands = [e for e in cands if e.hostname == fk.hostname]
         node_zone = cluster.node_zone(fk.node_name) if fk.node_name else ""
-        if fk.filtering:
+        if fk.filtering and self.filters:
             svc = cluster.services.get(self.key.service)
             if svc is not None and svc.internal_traffic_local:
                 # No fallback: a client on a node without endpoints gets none.
@@ -341,10 +344,10 @@ def _select_family(cands: list[Endpoint], enable_ipv6: bool) -> list[Endpoint]:
     """IPv4 only, or a dual-stack pod's IPv6 endpoint in place of its IPv4 one."""
     if not enable_ipv6:
         return [e for e in cands if e.id.family != "IPv6"]
-    v6_pods = {(e.id.namespace, e.id.name) for e in cands
+    v6_pods = {(e.id.cluster, e.id.namespace, e.id.name) for e in cands
                if e.id.kind == "pod" and e.id.family == "IPv6"}
     return [
         e for e in cands
         if not (e.id.kind == "pod" and e.id.family == "IPv4"
-                and (e.id.namespace, e.id.name) in v6_pods)
+                and (e.id.cluster, e.id.namespace, e.id.name) in v6_pods)
     ]

@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"meshbridge compare: --out {out}: {e.strerror or e}", file=err)
         return EXIT_USAGE
+    if cs.scenario.routes:
+        return run_routes(cs, out, args)
     envoy = None
     if args.envoy:
         from harness.compare.envoy_fleet import EnvoyFleet
@@ -112,6 +114,32 @@ def run(args: argparse.Namespace) -> int:
                          settle_timeout=args.settle_timeout, isolate=args.isolate,
                          layer_options=server_options)
     return asyncio.run(compare(cs, out, options, live, envoy, not args.no_charts))
+
+
+def run_routes(cs: CompareScenario, out: Path, args: argparse.Namespace) -> int:
+    """A scenario with a `routes` section: the route-edit run (docs/compare.md)."""
+    from harness.compare.route_edit import check_route_scenario, route_table, run_route_edit
+
+    err = sys.stderr
+    try:
+        plan = check_route_scenario(cs)
+    except ScenarioError as e:
+        print(f"meshbridge compare: {e}", file=err)
+        return EXIT_USAGE
+    for flag, used in (("--envoy", args.envoy), ("--isolate", args.isolate),
+                       ("--duration", args.duration is not None)):
+        if used:
+            print(f"meshbridge compare: {flag}: not for a route-edit scenario", file=err)
+            return EXIT_USAGE
+    try:
+        fig = asyncio.run(run_route_edit(cs, plan, out, args.connect_timeout,
+                                         args.settle_timeout))
+    except (ScenarioError, RuntimeError, TimeoutError) as e:
+        print(f"meshbridge compare: {e!r}", file=err)
+        return EXIT_FAILED
+    print(route_table(fig))
+    print(f"report in {out / 'route-edit.md'}")
+    return EXIT_OK if fig["ok"] else EXIT_FAILED
 
 
 async def compare(cs: CompareScenario, out: Path, options: RunOptions, live: bool,

@@ -21,7 +21,14 @@ from harness.normalize import digest
 def scenario_json(cs: CompareScenario) -> dict[str, Any]:
     s = cs.scenario
     c = cs.clients
-    return {
+    linked: dict[str, Any] = {}
+    if cs.linked is not None:
+        ls = cs.linked.scenario
+        linked = {"linked": {"name": cs.linked.name, "mode": cs.linked.mode, "seed": ls.seed,
+                             "services": ls.cluster.services,
+                             "endpoints_per_service": ls.cluster.endpoints_per_service,
+                             "churn": {"rate": ls.churn.rate}}}
+    return {**linked,
         "name": s.name, "file": cs.source, "seed": s.seed,
         "cluster": {"namespaces": s.cluster.namespaces, "services": s.cluster.services,
                     "endpoints_per_service": s.cluster.endpoints_per_service,
@@ -137,6 +144,8 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
         "slices_to_endpoints": _per(kube.slices_bytes, kube.endpoints_bytes),
     }
     churn_s = (run.churn_end_ns - run.churn_start_ns) / 1e9
+    # What the server would have spent over the churn and settle had nothing changed.
+    idle_seconds = run.idle_cpu_rate * (run.settled_ns - run.churn_start_ns) / 1e9
     out: dict[str, Any] = {
         "scenario": scenario_json(cs),
         "environment": dict(run.environment),
@@ -157,6 +166,12 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
             "cpu_seconds": run.cpu_seconds, "cpu_user": run.cpu_user,
             "cpu_system": run.cpu_system,
             "cpu_ms_per_change": _per(run.cpu_seconds * 1000, changes),
+            "harness_cpu_seconds": run.harness_cpu_seconds,
+            "idle_cpu_ms_per_second": run.idle_cpu_rate * 1000,
+            "idle_cpu_seconds": idle_seconds,
+            "serving_cpu_ms_per_change": _per(
+                max(0.0, run.cpu_seconds - run.harness_cpu_seconds - idle_seconds) * 1000,
+                changes),
             "rss_start_bytes": run.rss_start, "rss_end_bytes": run.rss_end,
             "client_process_cpu_seconds": res.get("cpu_seconds", 0.0),
         },
@@ -186,6 +201,7 @@ def isolated_json(run: Run, kube: KubeSide) -> dict[str, Any]:
         entry = {k: m[k] for k in ISOLATED_KEYS if k in m}
         entry["server_cpu_seconds"] = fig["server"]["cpu_seconds"]
         entry["server_cpu_ms_per_change"] = fig["server"]["cpu_ms_per_change"]
+        entry["serving_cpu_ms_per_change"] = fig["server"]["serving_cpu_ms_per_change"]
         entry["changes"] = fig["run"]["changes"]
         entry["environment"] = fig["environment"]
         entry["failed_checks"] = [c for c in fig["checks"] if not c["ok"]]

@@ -203,7 +203,7 @@ class LedsClient:
             for e in found:
                 endpoints[(e.address, e.port)] = e
         st = self.state.setdefault(target, TargetState())
-        st.endpoints = endpoints
+        st.assign(endpoints)
         return st.state()
 
     def complete(self, target: str) -> bool:

@@ -52,17 +52,48 @@ def isolated_table(fig: Mapping[str, Any]) -> str:
     iso = fig.get("isolated", {})
     rows = ["| model | side by side: latency p50 / p95 / p99 / max (ms) | alone: latency "
             "p50 / p95 / p99 / max (ms) | alone: bytes / change | alone: server CPU / "
-            "change | alone: client process |",
+            "change (+ harness and idle) | alone: client process |",
             "|---|--:|--:|--:|--:|--:|"]
     for model, e in iso.items():
         side = fig["models"].get(model, {}).get("latency_ms", {})
         pid = e.get("process", {}).get("pid")
+        serving = e.get("serving_cpu_ms_per_change", e["server_cpu_ms_per_change"])
         rows.append(f"| {e.get('title', model)} | {latency_cell(side)} | "
                     f"{latency_cell(e.get('latency_ms', {}))} | "
                     f"{fmt_bytes(e.get('bytes', {}).get('per_change', 0))} | "
-                    f"{e['server_cpu_ms_per_change']:.2f} ms | "
+                    f"{serving:.2f} ms (+{e['server_cpu_ms_per_change'] - serving:.2f}) | "
                     f"{f'pid {pid}' if pid else '-'} |")
     return "\n".join(rows)
+
+
+# Where each figure of a report is taken: the report says it, so that nobody reads a
+# harness cost as a protocol's (docs/compare.md, "What is measured").
+WHERE_MEASURED = (
+    ("latency", "from the change's emission, taken in the server process just before "
+     "the sim source applies it to the Cluster, to the moment the model's client "
+     "process has decoded the message that gives the client that version's state "
+     "(one CLOCK_MONOTONIC for both processes); the truth it is matched against is "
+     "recorded inside `Cluster.apply`, by each version's delta"),
+    ("bytes and messages", "protobuf payloads counted by the clients as read off "
+     "the wire, and by the server per stream; the two must agree (a check)"),
+    ("server CPU", "this process's CPU time (every thread) from the start of the churn "
+     "to the end of the settle: the server's work for the changes and every stream, "
+     "plus the harness's own share in the same process (the sim source making each "
+     "change, the truth recorder following the Views: each timed on its own) and what "
+     "the process spends with nothing changing (its rate measured for a while before "
+     "the churn, every client connected); the serving CPU per change leaves those two "
+     "out"),
+    ("server heap and resident memory", "this process, while each model's clients "
+     "connected, one model at a time (tracemalloc and /proc)"),
+    ("client CPU", "each model's client process, its own CPU time"),
+    ("Kubernetes watchers", "not measured on a wire: the same seeded churn replayed "
+     "after the run and each changed object serialised as the API server's watch "
+     "event"),
+)
+
+
+def where_measured() -> list[str]:
+    return [f"- **{name}**: {text}" for name, text in WHERE_MEASURED]
 
 
 def per_change_table(fig: Mapping[str, Any]) -> str:
@@ -205,7 +236,13 @@ def markdown(fig: Mapping[str, Any]) -> str:
               "## Server", "",
               f"- CPU: {srv['cpu_seconds']:.2f}s over the churn and settle "
               f"({srv['cpu_user']:.2f}s user, {srv['cpu_system']:.2f}s system), "
-              f"{srv['cpu_ms_per_change']:.2f} ms per change, all models together",
+              f"{srv['cpu_ms_per_change']:.2f} ms per change, all models together; of "
+              f"it the harness's own (sim source, truth recorder) "
+              f"{srv.get('harness_cpu_seconds', 0.0):.3f}s and what the server spends "
+              f"idle ({srv.get('idle_cpu_ms_per_second', 0.0):.2f} ms a second, "
+              f"{srv.get('idle_cpu_seconds', 0.0):.3f}s over that time), so serving the "
+              f"changes {srv.get('serving_cpu_ms_per_change', srv['cpu_ms_per_change']):.2f}"
+              " ms per change",
               f"- resident memory: {fmt_bytes(srv['rss_start_bytes'])} before the clients, "
               f"{fmt_bytes(srv['rss_end_bytes'])} at the end",
               f"- the client process used {srv['client_process_cpu_seconds']:.2f}s of CPU",
@@ -218,6 +255,7 @@ def markdown(fig: Mapping[str, Any]) -> str:
                          f"subscribed target), resident memory {fmt_bytes(mem['rss_bytes'])}")
     if "envoy" in fig:
         lines += ["", "## Envoy", "", envoy_table(fig["envoy"])]
+    lines += ["", "## Where each figure was measured", "", *where_measured()]
     lines += ["", "## Checks", ""]
     for c in fig["checks"]:
         lines.append(f"- {'✅' if c['ok'] else '❌'} {c['name']}"

@@ -32,16 +32,24 @@ from typing import Any, Protocol
 
 import structlog
 
+from bridge.cluster import Event, EventType
 from bridge.model import MeshConfig
-from bridge.sources.sim import SimSource
+from bridge.multicluster.links import Link
+from bridge.multicluster.targets import (
+    LOCAL_DISCOVERY_ANNOTATION,
+    REMOTE_DISCOVERY,
+    REMOTE_SERVICE_LABEL,
+)
+from bridge.objects import Meta, Service
+from bridge.sources.sim import EmitHook, SimSource
 from harness.compare import environment
 from harness.compare.scenario import MODELS, ClientSpec, CompareScenario
 from harness.compare.truth import TruthRecorder
 from harness.compare.wire import CountingServer, WireCounter
-from harness.normalize import digest
 from meshbridge import gctune
-from meshbridge.app import App, ProtocolLayer, ServeOptions
-from meshbridge.layers import PROTOCOL_LAYERS, load_optional
+from meshbridge.app import App, ServeOptions
+from meshbridge.host import GrpcServer, Host, Layer
+from meshbridge.layers import PROTOCOL_LAYERS, layer, load_optional
 from meshbridge.limits import LOOPBACK_CROWD, Limits
 
 log = structlog.get_logger("meshbridge.compare")
@@ -63,6 +71,10 @@ class RunOptions:
     settle_timeout: float = 30.0
     quiet: float = 0.5
     trace_memory: bool = True
+    # Seconds the server is watched with every client connected and no change, before
+    # the churn: its CPU rate then (timers, keepalives, the harness's own polling) is
+    # no change's cost, and the per-change figures leave it out.
+    idle_window: float = 2.0
     # Also run each model alone, one after another, on the same seeded churn.
     isolate: bool = False
     # The protocol layers' typed options, as `serve` passes them (`--xds-*`).
@@ -113,6 +125,11 @@ class Run:
     cpu_seconds: float = 0.0
     cpu_user: float = 0.0
     cpu_system: float = 0.0
+    # Of cpu_seconds, what the harness itself spent in this process: the sim source
+    # making its changes and the truth recorder recording their versions.
+    harness_cpu_seconds: float = 0.0
+    # The server's CPU seconds per second with every client connected and no change.
+    idle_cpu_rate: float = 0.0
     rss_start: int = 0
     rss_end: int = 0
     memory: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> figures
@@ -145,35 +162,30 @@ def rss_bytes() -> int:
 
 
 def load_layers(broken: dict[str, str] | None = None, wire: WireCounter | None = None,
-                ) -> tuple[list[ProtocolLayer], set[str]]:
+                ) -> tuple[list[Layer], set[str]]:
     """The protocol layers `serve` would mount. A layer that fails to register is
     left out and the reason put in `broken` (module -> error), so the other models
     still run and the report says why one did not."""
-    layers: list[ProtocolLayer] = []
+    layers: list[Layer] = []
     present: set[str] = set()
     for module in PROTOCOL_LAYERS:
-        mod = load_optional(module)
-        if mod is None:
+        if load_optional(module) is None:
             continue
-        register = getattr(mod, "register", None)
-        if register is not None:
-            counted = wire if module == MODEL_LAYER["linkerd"] else None
-            layers.append(_guarded(module, register, broken if broken is not None else {},
-                                   counted))
-            present.add(module)
+        counted = wire if module == MODEL_LAYER["linkerd"] else None
+        layers.append(_guarded(layer(module), broken if broken is not None else {}, counted))
+        present.add(module)
     return layers, present
 
 
-def _guarded(module: str, register: ProtocolLayer, broken: dict[str, str],
-             wire: WireCounter | None) -> ProtocolLayer:
-    def layer(app: App, server: Any) -> None:
+def _guarded(mounted: Layer, broken: dict[str, str], wire: WireCounter | None) -> Layer:
+    def register(host: Host, server: GrpcServer) -> None:
         try:
-            register(app, CountingServer(server, wire) if wire is not None else server)
+            mounted.register(host, CountingServer(server, wire) if wire is not None else server)
         except Exception as e:
-            log.error("protocol layer failed to start", layer=module, error=repr(e))
-            broken[module] = f"{type(e).__name__}: {e}"
+            log.error("protocol layer failed to start", layer=mounted.name, error=repr(e))
+            broken[mounted.name] = f"{type(e).__name__}: {e}"
 
-    return layer
+    return Layer(mounted.name, register, mounted.options)
 
 
 def server_counts(app: App, wire: WireCounter | None = None) -> dict[str, ServerCounts]:
@@ -342,18 +354,24 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
     streams = sum(len(s.targets) if s.model == "linkerd" else 1 for s in all_specs)
     start_churn = asyncio.Event()
     source = SimSource(cs.scenario, on_emit=r.truth.on_emit, start_churn=start_churn)
+    linked = LinkedCluster.of(cs, start_churn, r.truth.on_emit)
     limits = Limits(max_streams_per_client=max(Limits().max_streams_per_client,
                                                 2 * streams + 100),
                     max_streams_per_connection=max(Limits().max_streams_per_connection,
                                                    2 * len(cs.all_targets()) + 100),
                     h2=LOOPBACK_CROWD)
     app = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0", limits=limits,
-                                                 layer_options=options.layer_options),
+                                                 layer_options=options.layer_options,
+                                                 links=linked.links if linked else ()),
               layers)
+    if linked is not None:
+        app.clusters.make_dev_source = linked.source_for
     workers = Workers()
     try:
         progress.phase("starting meshbridge")
         await app.start()
+        if linked is not None:
+            await linked.serve(app)
         r.grpc_port = app.grpc_port
         for m in r.models:
             if MODEL_LAYER[m] in r.broken:
@@ -394,22 +412,26 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
             progress.phase(r.phase)
             await extra.attach(r, app)
 
+        r.phase = "idle"
+        progress.phase(f"idle for {options.idle_window:g}s: the server's CPU with no change")
+        r.idle_cpu_rate = await _idle_rate(app, workers, r, options.idle_window, progress)
+
         r.phase = "churn"
         progress.phase(f"churn: {cs.scenario.churn.rate:g} changes/s for {cs.duration:g}s")
         cpu0, ru0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+        harness0 = source.cpu_seconds + r.truth.cpu_seconds
         r.churn_start_ns = time.monotonic_ns()
         start_churn.set()
         churn_deadline = time.monotonic() + cs.duration + max(10.0, cs.duration)
-        while not source.finished.is_set():
+        sources = [source, *([linked.source] if linked else [])]
+        while not all(s.finished.is_set() for s in sources):
             if time.monotonic() > churn_deadline:
                 raise RunError("the churn did not finish in time")
-            r.client_counts = workers.counts
-            r.live_server = server_counts(app, r.wire)
-            progress.tick(r)
+            _watch(app, workers, r, progress)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(source.finished.wait(), 0.5)
         r.churn_end_ns = time.monotonic_ns()
-        r.changes = source.emitted
+        r.changes = sum(s.emitted for s in sources)
 
         r.phase = "settling"
         progress.phase("settling: waiting for the clients to be quiet")
@@ -417,6 +439,7 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         r.settled_ns = time.monotonic_ns()
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         r.cpu_seconds = time.process_time() - cpu0
+        r.harness_cpu_seconds = source.cpu_seconds + r.truth.cpu_seconds - harness0
         r.cpu_user = ru1.ru_utime - ru0.ru_utime
         r.cpu_system = ru1.ru_stime - ru0.ru_stime
         r.server = server_counts(app, r.wire)
@@ -440,6 +463,79 @@ async def run(cs: CompareScenario, out: Path, options: RunOptions, progress: Pro
         gctune.release_heap()
 
 
+LINKED_CHANGES = 1_000_000_000  # the linked sim's change indices start here
+
+
+@dataclass(slots=True)
+class LinkedCluster:
+    """The scenario's linked cluster: a sim of its own, churning with the local one, and
+    the local Services that serve the clients' targets from it (docs/compare.md)."""
+
+    name: str
+    mode: str
+    source: SimSource
+    links: tuple[Link, ...]
+
+    @classmethod
+    def of(cls, cs: CompareScenario, start_churn: asyncio.Event,
+           on_emit: EmitHook) -> LinkedCluster | None:
+        plan = cs.linked
+        if plan is None:
+            return None
+        link = Link(plan.name, "cluster.local", f"{plan.name}.local",
+                    f"scenario {cs.scenario.name}", dev_source=f"sim:{plan.scenario.name}")
+
+        def emitted(index: int, pattern: str, at: float) -> None:
+            # The truth keys changes by index: the linked cluster's are numbered apart.
+            on_emit(LINKED_CHANGES + index, pattern, at)
+
+        source = SimSource(plan.scenario, on_emit=emitted, start_churn=start_churn)
+        return cls(plan.name, plan.mode, source, (link,))
+
+    def source_for(self, _spec: str) -> SimSource:
+        return self.source
+
+    async def serve(self, app: App) -> None:
+        """Wait for the linked cluster, then add the local Services naming it."""
+        deadline = time.monotonic() + 60
+        while (lc := app.clusters.get(self.name)) is None or lc.synced_at is None:
+            if time.monotonic() > deadline:
+                raise RunError(f"the linked cluster {self.name} did not sync")
+            await asyncio.sleep(0.05)  # polling the store, under the deadline above
+        aliases = []
+        for key, svc in sorted(app.cluster.services.items()):
+            if self.mode == "federated":
+                meta = Meta(f"{key.name}-federated", key.namespace, annotations={
+                    REMOTE_DISCOVERY: f"{key.name}@{self.name}",
+                    LOCAL_DISCOVERY_ANNOTATION: key.name})
+            else:
+                meta = Meta(f"{key.name}-{self.name}", key.namespace, labels={
+                    REMOTE_DISCOVERY: self.name, REMOTE_SERVICE_LABEL: key.name})
+            aliases.append(Event(EventType.ADDED, Service(meta, ports=svc.ports,
+                                                          cluster_ips=svc.cluster_ips)))
+        app.cluster.apply(aliases)
+
+
+def _watch(app: App, workers: Workers, r: Run, progress: Progress) -> None:
+    """What the run loop does every half second, idle or not: the live counts."""
+    r.client_counts = workers.counts
+    r.live_server = server_counts(app, r.wire)
+    progress.tick(r)
+
+
+async def _idle_rate(app: App, workers: Workers, r: Run, seconds: float,
+                     progress: Progress) -> float:
+    """The server's CPU seconds per second while nothing changes, the run loop doing
+    what it does during the churn."""
+    if seconds <= 0:
+        return 0.0
+    cpu0, start = time.process_time(), time.monotonic()
+    while (left := start + seconds - time.monotonic()) > 0:
+        _watch(app, workers, r, progress)
+        await asyncio.sleep(min(0.5, left))  # the churn loop's period, not synchronisation
+    return (time.process_time() - cpu0) / (time.monotonic() - start)
+
+
 def _heap() -> int:
     return tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
 
@@ -451,7 +547,7 @@ async def _settle(app: App, workers: Workers, r: Run, options: RunOptions,
     seconds; False if the deadline came first. The truth comes first because a server
     may take longer than the quiet period to push the last change of a big service."""
     deadline = time.monotonic() + options.settle_timeout
-    truth = {t: digest(s) for t, s in r.truth.final.items()}
+    truth = r.truth.final_digests()
     await asyncio.gather(*(w.request({"cmd": "await", "truth": truth,
                                       "timeout": options.settle_timeout},
                                      options.settle_timeout + 10)

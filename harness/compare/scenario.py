@@ -85,11 +85,68 @@ class ClientSpec:
         return f"{self.model}-{self.index}"
 
 
+LINKED_MODES = ("federated", "remote-discovery")
+LINKED_KEYS = {"name", "mode", "seed", "cluster", "churn"}
+LINKED_POD_NETWORK = 128  # the linked sim's pod IPs: 10.128.0.0 upwards
+
+
+@dataclass(frozen=True, slots=True)
+class LinkedPlan:
+    """A second cluster, linked (docs/multicluster.md): its own sim, with its own seed
+    and churn, and how the clients' targets are served from it: `federated`, each
+    `<svc>-federated` the union of the local and the linked service; or
+    `remote-discovery`, each `<svc>-<name>` the linked service alone."""
+
+    name: str
+    mode: str
+    scenario: Scenario
+
+    def alias(self, service: str) -> str:
+        """The local Service the clients ask for, instead of `service` itself."""
+        return f"{service}-federated" if self.mode == "federated" else f"{service}-{self.name}"
+
+
+def parse_linked(base: Scenario) -> LinkedPlan | None:
+    raw = base.linked
+    if not raw:
+        return None
+    unknown = sorted(set(raw) - LINKED_KEYS)
+    if unknown:
+        raise ScenarioError(f"linked: unknown key {unknown[0]!r} (allowed: "
+                            f"{', '.join(sorted(LINKED_KEYS))})")
+    name = raw.get("name", "east")
+    if not isinstance(name, str) or not name.isalnum() or not name.islower():
+        raise ScenarioError(f"linked.name: must be a lowercase word, got {name!r}")
+    mode = raw.get("mode", "federated")
+    if mode not in LINKED_MODES:
+        raise ScenarioError(f"linked.mode: must be one of {', '.join(LINKED_MODES)}, "
+                            f"got {mode!r}")
+    cluster = raw.get("cluster") or {}
+    churn = raw.get("churn")
+    if not isinstance(cluster, Mapping) or (churn is not None and not isinstance(churn,
+                                                                                 Mapping)):
+        raise ScenarioError("linked.cluster and linked.churn: must be mappings")
+    # The local cluster's shape and churn unless said otherwise, in pod IPs of its own;
+    # the same duration (the churns run side by side).
+    shape = {k: getattr(base.cluster, k) for k in base.cluster.__slots__}
+    shape["pod_network"] = LINKED_POD_NETWORK
+    own = {"rate": base.churn.rate, "patterns": dict(base.churn.patterns)}
+    try:
+        scenario = parse_scenario({"seed": raw.get("seed", base.seed + 1),
+                                   "cluster": {**shape, **cluster},
+                                   "churn": churn if churn is not None else own,
+                                   "duration": base.duration, "name": f"{base.name}-{name}"})
+    except ScenarioError as e:
+        raise ScenarioError(f"linked.{e}") from None
+    return LinkedPlan(name, str(mode), scenario)
+
+
 @dataclass(frozen=True, slots=True)
 class CompareScenario:
     scenario: Scenario
     clients: ClientPlan
     source: str = ""  # the file it came from
+    linked: LinkedPlan | None = None
 
     @property
     def duration(self) -> float:
@@ -98,7 +155,8 @@ class CompareScenario:
 
     def only(self, model: str) -> CompareScenario:
         """This scenario with one model's clients only: the same seeded churn."""
-        return CompareScenario(self.scenario, self.clients.only(model), self.source)
+        return CompareScenario(self.scenario, self.clients.only(model), self.source,
+                               self.linked)
 
     def services(self) -> list[tuple[str, str]]:
         """(namespace, name) of every sim service, in the sim's order."""
@@ -106,6 +164,10 @@ class CompareScenario:
         return [(f"ns-{i % shape.namespaces}", f"svc-{i}") for i in range(shape.services)]
 
     def authority(self, namespace: str, name: str) -> str:
+        """What clients ask for to follow the sim service `name` (with a linked
+        cluster, the local Service serving it from there)."""
+        if self.linked is not None:
+            name = self.linked.alias(name)
         return format_authority(ServiceKey(namespace, name), self.scenario.cluster.port,
                                 "cluster.local")
 
@@ -176,10 +238,11 @@ def check_for_compare(scenario: Scenario, duration: float | None = None) -> Comp
         if duration <= 0:
             raise ScenarioError(f"--duration: must be > 0, got {duration!r}")
         scenario = _with_duration(scenario, duration)
-    if scenario.duration is None:
+    if scenario.duration is None and not scenario.routes:
+        # A route-edit run (harness.compare.route_edit) is bounded by its edits.
         raise ScenarioError("duration: compare needs a bounded run (seconds of churn)")
     clients = parse_clients(scenario.clients, scenario.cluster.services)
-    return CompareScenario(scenario, clients)
+    return CompareScenario(scenario, clients, linked=parse_linked(scenario))
 
 
 def _with_duration(scenario: Scenario, duration: float) -> Scenario:
@@ -190,7 +253,7 @@ def load_compare_scenario(path: Path, duration: float | None = None) -> CompareS
     if path.is_dir():
         raise ScenarioError(f"{path}: is a directory, not a scenario file")
     cs = check_for_compare(load_scenario(path), duration)
-    return CompareScenario(cs.scenario, cs.clients, str(path))
+    return CompareScenario(cs.scenario, cs.clients, str(path), cs.linked)
 
 
 def parse_compare_scenario(text: str, name: str = "scenario") -> CompareScenario:

@@ -128,8 +128,9 @@ class Worker:
     digests: Digests = field(default_factory=Digests)
 
     def observe(self, r: Received) -> None:
-        self.records.append([r.model, r.client, r.at_ns, r.size, r.kind,
-                             [[t, self.digests(s)] for t, s in r.states]])
+        pairs = ([[t, d] for t, d in r.digests] if r.digests is not None
+                 else [[t, self.digests(s)] for t, s in r.states])
+        self.records.append([r.model, r.client, r.at_ns, r.size, r.kind, pairs])
         t = self.tallies.setdefault(r.model, Tally())
         t.messages += 1
         t.bytes += r.size
@@ -145,7 +146,7 @@ class Worker:
             client: Client
             if model == "linkerd":
                 client = LinkerdClient(channel, spec["targets"], spec["index"],
-                                       observe=self.observe)
+                                       observe=self.observe, snapshots=False)
             elif model == "leds":
                 client = LedsClient(channel, spec["targets"], spec["index"],
                                     node_id=f"compare-{model}-{spec['index']}",
@@ -199,7 +200,7 @@ class Worker:
             for target in client.targets:
                 want = truth.get(target)
                 st = client.state.get(target)
-                have = state_digest(st.state() if st is not None else frozenset())
+                have = st.digest() if st is not None else state_digest(frozenset())
                 if want is not None and have != want:
                     out.append(f"{client.model}-{client.client_id} {target}")
         return out

@@ -1,7 +1,7 @@
 """`meshbridge shadow`: do two control planes answer every target alike?
 
     meshbridge shadow --api xds|linkerd --ours ADDR --theirs ADDR
-                      (--targets FILE | --all) [--duration S] [--json] ...
+                      (--targets FILE | --all) [--routes] [--duration S] [--json] ...
 
 Subscribes to the same targets on both servers, as a proxy of that API would
 (`harness.shadow.sides`), normalises both answers to the same endpoint form and compares
@@ -62,9 +62,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         " see docs/shadow.md")
     p.add_argument("--cluster-domain", default="cluster.local",
                    help="for expanding short names in --targets")
+    p.add_argument("--routes", action="store_true",
+                   help="compare each target's routes too: OutboundPolicies (linkerd) or "
+                        "its RouteConfiguration's virtual host (xds), field by field")
     linkerd = p.add_argument_group("--api linkerd")
     linkerd.add_argument("--token", default="",
                          help='context token, e.g. {"ns":"shop","nodeName":"node-a"}')
+    linkerd.add_argument("--workload", default="",
+                         help='--routes: the client OutboundPolicies are asked for, e.g. '
+                              '{"ns":"shop","pod":"web-0"} (default: a pod in the '
+                              "--token's namespace)")
     xds = p.add_argument_group("--api xds")
     xds.add_argument("--node-id", default="meshbridge-shadow",
                      help="the xDS node id sent in every request")
@@ -73,6 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     xds.add_argument("--theirs-eds-name", default="{authority}", metavar="TEMPLATE",
                      help="theirs' EDS name for a target: {authority}, {host}, {port}; "
                           "Istio: 'outbound|{port}||{host}'")
+    xds.add_argument("--theirs-rds-name", default="{authority}", metavar="TEMPLATE",
+                     help="--routes: theirs' RouteConfiguration name for a target, as "
+                          "--theirs-eds-name; istiod for a sidecar: '{port}'")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,11 +98,13 @@ async def run_shadow(args: argparse.Namespace, out: TextIO | None = None,
     if args.targets is not None and not args.targets.is_file():
         sys.stderr.write(f"meshbridge shadow: --targets {args.targets}: no such file\n")
         return 2
-    try:
-        eds_name_template(args.theirs_eds_name)
-    except (KeyError, IndexError, ValueError) as e:
-        sys.stderr.write(f"meshbridge shadow: --theirs-eds-name: bad template: {e}\n")
-        return 2
+    for flag, template in (("--theirs-eds-name", args.theirs_eds_name),
+                           ("--theirs-rds-name", args.theirs_rds_name)):
+        try:
+            eds_name_template(template)
+        except (KeyError, IndexError, ValueError) as e:
+            sys.stderr.write(f"meshbridge shadow: {flag}: bad template: {e}\n")
+            return 2
     unknown = list(unknown_patterns(args.api, ignored_fields(args)))
     if unknown:
         known = ", ".join(listing(schema_for(args.api)))

@@ -7,6 +7,8 @@ segments; a segment may carry a key in brackets:
     add[10.0.0.1:8080].metric_labels.pod          a Linkerd endpoint's field
     set.metric_labels.namespace                   the WeightedAddrSet's
     profile.routes[0].timeout.seconds             a repeated field's element, by index
+    policy.protocol.detect.http1.routes[0]...     --routes: a Linkerd OutboundPolicy's
+    rds.routes[0].route.weighted_clusters...      --routes: the target's virtual host
     endpoint[10.0.0.1:8080].locality.zone         an xDS LbEndpoint (and its locality)
     endpoint[...].metadata.filter_metadata."io.linkerd.destination".identity
     messages.redundant                            a stream's redundant messages
@@ -30,10 +32,11 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.config.route.v3 import route_components_pb2
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from linkerd_api.proto import destination_pb2
+from linkerd_api.proto import destination_pb2, outbound_pb2
 
 Flat: TypeAlias = dict[str, str]
 UNSET: Final = "(unset)"
@@ -295,6 +298,9 @@ def listing(schema: Group, depth: int = 4) -> list[str]:
 LINKERD_ENDPOINT = "add"
 XDS_ENDPOINT = "endpoint"
 PROFILE_STATUS = "status"  # profile.status: a GetProfile that ended with a status
+# policy.status / rds.status: no routes to compare, and why (a status, no answer, ...).
+ROUTES_STATUS = "status"
+VHOST_SKIP: Final = ("name", "domains")  # the compared virtual host's own names
 MESSAGE_COUNTERS: Final = ("redundant", "profile_redundant")
 
 
@@ -313,11 +319,13 @@ XDS_CLA_SKIP: Final = ("cluster_name", "endpoints")
 
 def linkerd_schema() -> Group:
     profile = message_group(destination_pb2.DestinationProfile.DESCRIPTOR)
+    policy = message_group(outbound_pb2.OutboundPolicy.DESCRIPTOR)
     return Group({
         LINKERD_ENDPOINT: message_group(destination_pb2.WeightedAddr.DESCRIPTOR,
                                         skip=("addr",)),
         "set": message_group(destination_pb2.WeightedAddrSet.DESCRIPTOR, skip=("addrs",)),
         "profile": Group({**profile.children, PROFILE_STATUS: LEAF}),
+        "policy": Group({**policy.children, ROUTES_STATUS: LEAF}),
         "messages": Group({name: LEAF for name in MESSAGE_COUNTERS}),
     })
 
@@ -326,9 +334,11 @@ def xds_schema() -> Group:
     lb = message_group(endpoint_components_pb2.LbEndpoint.DESCRIPTOR)
     loc = message_group(endpoint_components_pb2.LocalityLbEndpoints.DESCRIPTOR,
                         skip=XDS_LOCALITY_SKIP, rename=xds_locality_rename())
+    vhost = message_group(route_components_pb2.VirtualHost.DESCRIPTOR, skip=VHOST_SKIP)
     return Group({
         XDS_ENDPOINT: Group({**lb.children, **loc.children}),
         "cla": message_group(endpoint_pb2.ClusterLoadAssignment.DESCRIPTOR, skip=XDS_CLA_SKIP),
+        "rds": Group({**vhost.children, ROUTES_STATUS: LEAF}),
         "messages": Group({"redundant": LEAF}),
     })
 

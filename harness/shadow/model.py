@@ -1,7 +1,8 @@
 """What `meshbridge shadow` compares, and how it decides: pure values, no I/O.
 
 Each side's latest word about one target is an `Answer`: every field of its endpoints,
-of the set (or CLA) and of its profile, flattened to field paths (`harness.shadow.flat`),
+of the set (or CLA), of its profile and (`--routes`) of its routes, flattened to field
+paths (`harness.shadow.flat`, `harness.shadow.routes`),
 its stream's message counts, and the *signal* that carried it, because the two
 documented Linkerd semantics (Linkerd §1.7, §2.5) say "empty" and "does not exist" differently:
 
@@ -89,6 +90,10 @@ class Answer:
     # profile.* paths; None: not compared (xDS, or the side refuses GetProfile).
     profile: Mapping[str, str] | None = None
     profile_pending: bool = False
+    # policy.* (Linkerd) or rds.* (xDS) paths: the target's routes; None: not compared
+    # (no --routes, or the side refuses them).
+    routes: Mapping[str, str] | None = None
+    routes_pending: bool = False
     # This stream's messages by kind, and "redundant": those that changed nothing.
     messages: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
@@ -204,6 +209,8 @@ def differences(ours: Answer, theirs: Answer,
     out += field_differences(ours.common, theirs.common, ignore)
     if ours.profile is not None and theirs.profile is not None:
         out += field_differences(ours.profile, theirs.profile, ignore)
+    if ours.routes is not None and theirs.routes is not None:
+        out += field_differences(ours.routes, theirs.routes, ignore)
     out += message_differences(ours, theirs, ignore)
     return out
 
@@ -245,7 +252,8 @@ def compare(ours: Answer, theirs: Answer, ignore: FieldFilter = NOTHING) -> Verd
             return Verdict(EQUAL)  # both reject the authority alike
         return Verdict(ERROR, (Difference("error", ours=ours.describe(),
                                           theirs=theirs.describe()),))
-    if PENDING in (ours.signal, theirs.signal) or ours.profile_pending or theirs.profile_pending:
+    if PENDING in (ours.signal, theirs.signal) or any(
+            a.profile_pending or a.routes_pending for a in (ours, theirs)):
         return Verdict(PENDING)
     if not _compatible(ours, theirs):
         side = "ours" if ours.existence is False else "theirs"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 from collections.abc import Callable
 
@@ -14,10 +15,24 @@ import grpc
 from harness.shadow.fields import FieldFilter
 from harness.shadow.model import PENDING, Answer, Tracker
 from harness.shadow.report import Report, summarize
+from harness.shadow.routes import RouteWatch, authority_reader
 from harness.shadow.sides import Backoff, ClusterWatch, HostnameWatch, LinkerdSide, XdsSide
 from harness.shadow.targets import eds_name_template, read_targets
 
 OURS, THEIRS = "ours", "theirs"
+
+
+def policy_workload(args: argparse.Namespace) -> str:
+    """--routes with --api linkerd: the client OutboundPolicies are asked for (its
+    namespace picks consumer routes and ServiceProfiles): --workload, else a pod in
+    the --token's namespace."""
+    if args.workload:
+        return str(args.workload)
+    try:
+        ns = json.loads(args.token).get("ns", "") if args.token else ""
+    except (ValueError, AttributeError):
+        ns = ""
+    return json.dumps({"ns": ns or "default", "pod": "meshbridge-shadow"})
 
 
 def ignored_fields(args: argparse.Namespace) -> list[str]:
@@ -41,10 +56,12 @@ class Shadow:
         self.ours_clusters: asyncio.Event = asyncio.Event()
         self.cds_status = ""
         self.notes: list[str] = []
+        self.route_watches: list[RouteWatch] = []
         for side, channel in zip((OURS, THEIRS), self.channels, strict=True):
             if args.api == "linkerd":
-                self.sides[side] = LinkerdSide(side, channel, self._sink(side), token=args.token,
-                                               settle=args.settle, retry=retry)
+                self.sides[side] = LinkerdSide(
+                    side, channel, self._sink(side), token=args.token, settle=args.settle,
+                    retry=retry, workload=policy_workload(args) if args.routes else None)
             else:
                 xside = XdsSide(
                     side, channel, self._sink(side), node_id=args.node_id, zone=args.node_zone,
@@ -55,6 +72,16 @@ class Shadow:
                 self.watches.append(ClusterWatch(channel, self._clusters(side, xside),
                                                  node_id=args.node_id, zone=args.node_zone,
                                                  retry=retry))
+                if args.routes:
+                    xside.compare_routes()
+                    theirs = side == THEIRS
+                    self.route_watches.append(RouteWatch(
+                        channel, xside.set_routes,
+                        rds_name=eds_name_template(args.theirs_rds_name) if theirs else str,
+                        cluster_authority=authority_reader(args.theirs_eds_name) if theirs
+                        else str,
+                        node_id=args.node_id, zone=args.node_zone, settle=args.settle,
+                        retry=Backoff(retry.low, retry.high)))
         if args.all and args.api == "linkerd":
             # The targets come from ours' CDS even when comparing Linkerd answers:
             # meshbridge serves both APIs on one port.
@@ -100,6 +127,8 @@ class Shadow:
         new = [t for t in targets if self.tracker.add(t)]
         for side in self.sides.values():
             side.add(new)
+        for watch in self.route_watches:
+            watch.add(new)
 
     async def main(self, stop: asyncio.Event) -> int:
         args = self.args
@@ -125,12 +154,14 @@ class Shadow:
                 self.add_targets(read_targets(args.targets, args.cluster_domain))
             self.report.start({"api": args.api, "ours": args.ours, "theirs": args.theirs,
                                "targets": len(self.tracker.records),
+                               "routes": bool(args.routes),
                                "xds": ("delta" if args.delta else "sotw")
                                if args.api == "xds" else None,
                                "grace_s": args.grace, "settle_s": args.settle})
             started = self.loop.time()
             tasks += [asyncio.create_task(s.run(), name=f"side {n}")
                       for n, s in self.sides.items()]
+            tasks += [asyncio.create_task(w.run(), name="rds") for w in self.route_watches]
             tasks.append(asyncio.create_task(self._tick(), name="tick"))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(args.duration or None):

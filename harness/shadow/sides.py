@@ -4,7 +4,8 @@ A side subscribes to every target on one server, as a proxy of its API would, an
 tells its sink each target's latest `Answer` whenever it changes:
 
     LinkerdSide    per target one destination `Get` stream and one `GetProfile`
-                   stream; a stream that ends is re-opened with backoff, so a target
+                   stream (and `--routes`: one `OutboundPolicies.Watch` stream); a
+                   stream that ends is re-opened with backoff, so a target
                    that was NOT_FOUND is found once it exists, and a restarted server
                    is followed. A server that refuses GetProfile (UNIMPLEMENTED) is
                    noted once and its profiles are not compared.
@@ -56,6 +57,7 @@ from harness.shadow.model import (
     SILENT,
     Answer,
 )
+from harness.shadow.routes import WATCH, policy_fields, policy_status, traffic_spec
 from linkerd_api.proto import destination_pb2
 
 CDS_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -181,12 +183,17 @@ class LinkerdSide:
     api = "linkerd"
 
     def __init__(self, name: str, channel: grpc.aio.Channel, sink: Sink, *, token: str = "",
-                 settle: float = 2.0, retry: Backoff | None = None) -> None:
+                 settle: float = 2.0, retry: Backoff | None = None,
+                 workload: str | None = None) -> None:
         self.name = name
         self.channel = channel
         self.sink = sink
         self.token = token
         self.settle = settle
+        # --routes: the client OutboundPolicies are asked for; None: routes not compared.
+        self.workload = workload
+        self._policies: dict[str, Flat | None] = {}  # per target; None: none yet
+        self.policies_refused = ""  # OutboundPolicies' status, when not served
         self._retry = retry or Backoff(0.2, 5.0)
         self.targets: list[str] = []
         self._group: asyncio.TaskGroup | None = None
@@ -198,7 +205,8 @@ class LinkerdSide:
         self.other_api = ""  # Get's UNIMPLEMENTED status: a server of another API
 
     def ignored(self) -> tuple[str, ...]:
-        return ("profile", "messages.profile_redundant") if self.profiles_refused else ()
+        out = ("profile", "messages.profile_redundant") if self.profiles_refused else ()
+        return (*out, "policy") if self.policies_refused else out
 
     def notes(self) -> list[str]:
         shown = {"proto": "proto semantics (it sent no_endpoints)",
@@ -211,6 +219,9 @@ class LinkerdSide:
         if self.profiles_refused:
             out.append(f"{self.name} refuses GetProfile ({self.profiles_refused}): "
                        f"profiles are not compared")
+        if self.policies_refused:
+            out.append(f"{self.name} refuses OutboundPolicies ({self.policies_refused}): "
+                       f"routes are not compared")
         return out
 
     def add(self, targets: Iterable[str]) -> None:
@@ -220,6 +231,7 @@ class LinkerdSide:
             self.targets.append(t)
             self._get[t] = Answer()
             self._profiles[t] = ProfileState()
+            self._policies[t] = None
             if self._group is not None:
                 self._start(self._group, t)
 
@@ -228,6 +240,9 @@ class LinkerdSide:
         if not self.profiles_refused:
             tg.create_task(self._follow_profile(target),
                            name=f"{self.name} GetProfile {target}")
+        if self.workload is not None and not self.policies_refused:
+            tg.create_task(self._follow_policy(target, self.workload),
+                           name=f"{self.name} OutboundPolicies {target}")
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -247,11 +262,15 @@ class LinkerdSide:
             return
         prof = self._profiles[target]
         refused = bool(self.profiles_refused)
+        routes = self.workload is not None and not self.policies_refused
+        policy = self._policies.get(target)
         self.sink(target, Answer(
             get.signal, get.endpoints, status=get.status, existed=get.existed,
             section="add", common=get.common,
             profile=None if refused else prof.fields,
             profile_pending=prof.pending and not refused,
+            routes=(policy or {}) if routes else None,
+            routes_pending=routes and policy is None,
             messages={**get.messages, **({} if refused else prof.counts)}))
 
     def _set(self, target: str, answer: Answer) -> None:
@@ -343,6 +362,34 @@ class LinkerdSide:
             await asyncio.sleep(backoff.next())  # reconnect delay, not synchronisation
 
 
+    async def _follow_policy(self, target: str, workload: str) -> None:
+        """--routes: the target's OutboundPolicies.Watch, re-opened when it ends."""
+        backoff = Backoff(self._retry.low, self._retry.high)
+        method = self.channel.unary_stream(WATCH, request_serializer=None)
+        while not self.policies_refused:
+            heard = False
+
+            def each(raw: bytes) -> None:
+                nonlocal heard
+                heard = True
+                self._policies[target] = policy_fields(raw)
+                self._emit(target)
+
+            status = await _stream(method(traffic_spec(target, workload)), each)
+            code = _code(status)
+            if code == "UNIMPLEMENTED":
+                self.policies_refused = self.policies_refused or status
+                for t in self.targets:
+                    self._emit(t)
+                return
+            if code != "OK":
+                self._policies[target] = policy_status(code)
+                self._emit(target)
+            if heard:
+                backoff.reset()
+            await asyncio.sleep(backoff.next())  # reconnect delay, not synchronisation
+
+
 def _captured_xds_client(channel: grpc.aio.Channel, names: list[str], *, delta: bool,
                          node_id: str, zone: str,
                          observe: Callable[[Received, list[Any]], None]) -> XdsClient:
@@ -397,6 +444,8 @@ class XdsSide:
         self.metadata: bool | None = None
         self.other_api = ""
         self._resubscribe = asyncio.Event()
+        # --routes: each target's route fields from the RouteWatch; None: not compared.
+        self.routes: dict[str, Flat] | None = None
 
     def ignored(self) -> tuple[str, ...]:
         return (LINKERD_METADATA,) if self.metadata is False else ()
@@ -434,14 +483,26 @@ class XdsSide:
             return None
         return self.resource_name(target) in self.clusters
 
+    def compare_routes(self) -> None:
+        self.routes = {}
+
+    def set_routes(self, target: str, fields: Flat) -> None:
+        assert self.routes is not None
+        self.routes[target] = fields
+        if target in self._eds:
+            self._emit(target)
+
     def _emit(self, target: str) -> None:
         eds = self._eds[target]
         if eds.signal in (PENDING, ERROR):
             self.sink(target, eds)
-        else:
-            self.sink(target, Answer(eds.signal, eds.endpoints, self._exists(target),
-                                     section="endpoint", common=eds.common,
-                                     messages=eds.messages))
+            return
+        routes = None if self.routes is None else self.routes.get(target)
+        self.sink(target, Answer(eds.signal, eds.endpoints, self._exists(target),
+                                 section="endpoint", common=eds.common,
+                                 routes=None if self.routes is None else (routes or {}),
+                                 routes_pending=self.routes is not None and routes is None,
+                                 messages=eds.messages))
 
     def _set(self, target: str, answer: Answer) -> None:
         self._eds[target] = answer

@@ -262,14 +262,14 @@ def service_policy(cluster: Cluster, config: MeshConfig, target: ServiceTarget,
     domain = config.cluster_domain
     backend = _balancer(_service_meta(key, port), format_authority(key, port, domain))
     protocol_name = app_protocol(svc, port, config) if svc is not None else ""
-    opaque = _opaque_route("opaq", backend)
+    linkerd_2_20 = semantics == LINKERD_2_20
+    table = _table_for(routes, source_ns, linkerd_2_20)
+    convert = _RouteEncoder(domain, backend, linkerd_2_20)
+    opaque = convert.opaque(table) or _opaque_route("opaq", backend)
     if protocol_name == "opaque":
         return ob.OutboundPolicy(
             metadata=_service_meta(key, port),
             protocol=ob.ProxyProtocol(opaque=ob.ProxyProtocol.Opaque(routes=[opaque])))
-    linkerd_2_20 = semantics == LINKERD_2_20
-    table = _table_for(routes, source_ns, linkerd_2_20)
-    convert = _RouteEncoder(domain, backend, linkerd_2_20)
     protocol: ob.ProxyProtocol
     if table is not None and table.route_type is RouteType.GRPC and protocol_name != "http1":
         protocol = ob.ProxyProtocol(grpc=ob.ProxyProtocol.Grpc(
@@ -293,6 +293,17 @@ def left_out(routes: PortRoutes | None, source_ns: str, semantics: str) -> list[
     if table is None:
         return []
     out = []
+    if table.profile is not None:
+        # Routes §7.2: a proxy given the profile (GetProfile) tries its routes in
+        # order; one that reads only this policy picks the best match among them.
+        out.append(f"{table.profile.label}: the routes' order (a proxy that follows the "
+                   "ServiceProfile tries them first to last; these routes are ranked "
+                   "best match first)")
+        budget = table.retry_budget
+        if budget is not None and any(r.retry is not None for r in table.routes[0].rules):
+            out.append(f"{table.profile.label}: the retry budget ({budget.ratio:.0%} more "
+                       f"requests, at least {budget.min_per_second}/s; sent as a retry "
+                       "limit per request)")
     for route in table.routes:
         if semantics == LINKERD_2_20 and route.linkerd_2_20_drops:
             out.append(f"{route.ref.label}: the whole route ({route.linkerd_2_20_drops}, "
@@ -309,11 +320,13 @@ def left_out(routes: PortRoutes | None, source_ns: str, semantics: str) -> list[
 
 def _table_for(routes: PortRoutes | None, source_ns: str,
                linkerd_2_20: bool) -> RouteTable | None:
-    """The client namespace's table. Linkerd 2.20 gives a consumer namespace the
+    """The client namespace's table. Where a ServiceProfile routes the port, its
+    table, which the proxy follows whatever its policy says (Routes §7.1); Linkerd
+    2.20 answers from the routes alone. Linkerd 2.20 gives a consumer namespace the
     producer's routes as well as its own (Routes §5.1); the spec, its own only."""
     if routes is None:
         return None
-    table = routes.table_for(source_ns)
+    table = routes.table_for(source_ns, profiles=not linkerd_2_20)
     if (linkerd_2_20 and table is not None and routes.producer is not None
             and table is not routes.producer
             and table.route_type is routes.producer.route_type):
@@ -472,6 +485,29 @@ class _RouteEncoder:
         if retry.timeout_ms or self.linkerd_2_20:
             return retry.timeout_ms
         return rule.timeouts.backend_request
+
+    # ------------------------------------------------------------------ opaque
+
+    def opaque(self, table: RouteTable | None) -> ob.OpaqueRoute | None:
+        """Routes §7.4: a connection the proxy does not read as HTTP is still split by
+        its ServiceProfile's dstOverrides; None where there is no such split."""
+        if table is None or table.profile is None:
+            return None
+        rule = table.routes[0].rules[-1]  # the catch-all: every route's distribution
+        if rule.to_parent:
+            return None
+        backends = []
+        for b in rule.backends:
+            rb = ob.OpaqueRoute.RouteBackend(backend=self._backend(b))
+            if not b.usable:
+                rb.filters.append(ob.OpaqueRoute.Filter(
+                    invalid=opaque_route.Invalid(message=b.failure)))
+            backends.append(ob.OpaqueRoute.WeightedRouteBackend(backend=rb, weight=b.weight))
+        return ob.OpaqueRoute(
+            metadata=self._route_meta(table.profile),
+            rules=[ob.OpaqueRoute.Rule(backends=ob.OpaqueRoute.Distribution(
+                random_available=ob.OpaqueRoute.Distribution.RandomAvailable(
+                    backends=backends)))])
 
     # ------------------------------------------------------------------ HTTP
 

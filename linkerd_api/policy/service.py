@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError, Message
 from bridge.cluster import ClusterChange, ListenerStage
 from bridge.model import ServiceKey
 from bridge.policy_objects import AUTH_KINDS, ROUTE_KINDS
-from bridge.routes.index import route_index
+from bridge.routes.index import PortKey, route_index
 from bridge.routes.text import RouteRow
 from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import DEFAULT_CLUSTER_NETWORKS, Network, UnknownTarget
@@ -36,9 +36,8 @@ from linkerd_api.policy.text import policy_rows
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
-from meshbridge.host import Host
-from meshbridge.stream_registry import StreamInfo
-from meshbridge.writes import NowaitWriter, nowait_writer
+from linkerd_api.service import LinkerdOptions
+from meshbridge.host import GrpcServer, Host, Layer, NowaitWriter, StreamInfo, nowait_writer
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
@@ -120,9 +119,7 @@ def options_from_args(args: argparse.Namespace) -> PolicyOptions:
                          tuple(args.probe_networks))
 
 
-def register(host: Host, server: grpc.aio.Server) -> None:
-    from linkerd_api.service import LinkerdOptions
-
+def register(host: Host, server: GrpcServer) -> None:
     service = PolicyService(host, host.options_for(PolicyOptions),
                             host.options_for(LinkerdOptions).semantics)
     server.add_generic_rpc_handlers(service.handlers())
@@ -131,10 +128,15 @@ def register(host: Host, server: grpc.aio.Server) -> None:
     host.add_route_renderer("linkerd", service.render_routes)
 
 
+# The destination semantics (--destination-semantics) shape its answers too.
+LAYER = Layer("linkerd_api.policy.service", register, (PolicyOptions, LinkerdOptions))
+
+
 class PolicyStream:
     """One Watch/WatchPort stream: how to compute its policy, and the newest one not
     yet written. A new policy is written at once, without waking the stream's task,
-    when the server can take it now (meshbridge.writes) and nothing is in flight."""
+    when the server can take it now (meshbridge.host.nowait_writer) and nothing is in
+    flight."""
 
     __slots__ = ("compute", "ended", "last", "on_sent", "pending", "wake", "wants",
                  "write_now", "writing")
@@ -188,8 +190,15 @@ class PolicyService:
         self.semantics = semantics
         self.routes = route_index(host.cluster)
         # One encoding per (target, client namespace) per cluster change, whatever the
-        # number of streams watching it; emptied whenever the cluster changes.
+        # number of streams watching it; emptied when the cluster changes, or, for a
+        # change of routes alone, only for the ports whose tables it changed.
         self._encoded: dict[tuple[outbound.ServiceTarget, str], bytes] = {}
+        # The ports the route index recomputed during the change being applied (the
+        # index hears of a change at an earlier stage than this service, Routes §4),
+        # and the ports whose watchers look at that change (None: every port's).
+        self._route_ports: set[PortKey] = set()
+        self._scope: set[PortKey] | None = None
+        self.routes.add_listener(self._route_ports.update)
         self.encodings = 0  # policies encoded (tests and benchmarks read it)
         self.settings = inbound.InboundSettings(options.default_inbound_policy,
                                                 options.networks, options.probes)
@@ -225,10 +234,22 @@ class PolicyService:
             stream.end()
         with contextlib.suppress(ValueError):  # stopped twice
             self.cluster.remove_listener(self._on_change)
+            self.routes.remove_listener(self._route_ports.update)
 
     def _on_change(self, change: ClusterChange) -> None:
-        if _outbound_change(change):
-            self._encoded.clear()
+        ports = set(self._route_ports)
+        self._route_ports.clear()
+        if _routes_only(change):
+            # Routes §4: a route edit changes the policies of the ports it attaches
+            # to (their tables), nothing else: only those are encoded again, and
+            # only their watchers look.
+            self._scope = ports
+            for key in [k for k in self._encoded if (k[0].service, k[0].port) in ports]:
+                del self._encoded[key]
+        else:
+            self._scope = None
+            if _outbound_change(change):
+                self._encoded.clear()
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
@@ -275,8 +296,11 @@ class PolicyService:
         def compute() -> bytes:
             return self._service_policy(service_target, client_ns)
 
+        port_key = (service_target.service, service_target.port)
+
         def wants(change: ClusterChange) -> bool:
-            return _outbound_change(change)
+            scope = self._scope
+            return _outbound_change(change) and (scope is None or port_key in scope)
 
         compute()  # a Service that vanished between lookup and now is still served
         return compute, wants
@@ -301,7 +325,8 @@ class PolicyService:
         """The encoded policy, shared by every stream of the same target whose client
         namespace reads the same route table (Routes §1.2)."""
         routes = self.routes.port(target.service, target.port)
-        group = client_ns if routes is not None and client_ns in routes.consumers else ""
+        group = "" if routes is None else routes.group_of(
+            client_ns, profiles=self.semantics != outbound.LINKERD_2_20)
         memo_key = (target, group)
         encoded = self._encoded.get(memo_key)
         if encoded is None:
@@ -427,11 +452,20 @@ class PolicyService:
         await context.abort(code, str(error))
 
 
+def _routes_only(change: ClusterChange) -> bool:
+    """Whether the only part of a change an outbound policy reads is its routes: then
+    the route index's recomputed ports are the policies it may change."""
+    return bool(change.kinds & ROUTE_KINDS) and not (
+        change.all_services or change.profiles or change.service_objects
+        or change.namespaces)
+
+
 def _outbound_change(change: ClusterChange) -> bool:
-    """Whether a change may change an outbound policy: a route, or a Service object
-    (its ports and annotations, or its coming and going as a route's backend). An
-    endpoint change is not one: a policy names its backends, not their endpoints."""
-    return bool(change.all_services or change.kinds & ROUTE_KINDS
+    """Whether a change may change an outbound policy: a route, a ServiceProfile (one
+    may route the port, Routes §7.1), or a Service object (its ports and annotations,
+    or its coming and going as a route's backend). An endpoint change is not one: a
+    policy names its backends, not their endpoints."""
+    return bool(change.all_services or change.kinds & ROUTE_KINDS or change.profiles
                 or change.service_objects or change.namespaces)
 
 

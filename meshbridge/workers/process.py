@@ -3,7 +3,7 @@ the watcher sends (docs/workers.md).
 
 A worker holds no Cluster and no View and watches no API server. It binds its own
 socket to the port the watcher holds (SO_REUSEPORT: the kernel spreads connections
-over the workers), mounts each layer's worker side (`register_worker`) and, behind
+over the workers), mounts each layer's worker side (`Layer.worker`) and, behind
 them, the relay for every other method the watcher serves, and says `listening` (or
 `failed`, with why) on its link. It stops as the one process does (GOAWAY, every
 stream ended with OK) when the watcher says `stop`, on SIGTERM, or when its link
@@ -35,6 +35,7 @@ import structlog
 from bridge.model import MeshConfig
 from h2grpc.server import Server as NativeServer
 from meshbridge import eventloop, h2metrics
+from meshbridge.host import Layer
 from meshbridge.limits import Limits
 from meshbridge.log import configure_logging
 from meshbridge.rpcguard import GrpcMetrics, RpcGuard
@@ -158,9 +159,9 @@ async def _serve(spec: WorkerSpec, sock: socket.socket, counts: SharedCounts) ->
         address_counts=counts.table(CONNECTIONS, spec.index), reuse_port=True)
     h2metrics.register(server, host.metrics)
     for module in spec.layers:
-        register = getattr(importlib.import_module(module), "register_worker", None)
-        if register is not None:
-            register(host, server)
+        layer: Layer = importlib.import_module(module).LAYER
+        if layer.worker is not None:
+            layer.worker(host, server)
     relay = RelayHandler(link, spec.relayed)
     server.add_generic_rpc_handlers((relay,))
     if spec.tls is not None:

@@ -2,7 +2,7 @@
 
 The watcher mounts every protocol layer as the one process does, on a server that
 only collects their handlers (it listens on no port): the layers' services follow
-the Cluster and the Views here, once. Each layer's `register_feeds` then hooks what
+the Cluster and the Views here, once. Each layer's `Layer.feeds` then hooks what
 it sends the workers onto every worker's link; the relay runs, for the workers,
 whatever method has no worker side. The workers (`WorkerPool`) listen on the port.
 """
@@ -10,14 +10,15 @@ whatever method has no worker side. The workers (`WorkerPool`) listen on the por
 from __future__ import annotations
 
 import asyncio
-import importlib
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client.metrics_core import Metric
 
 from meshbridge import log as logs
+from meshbridge.host import Layer
 from meshbridge.stream_registry import StreamInfo
 from meshbridge.workers.gather import merge_families
 from meshbridge.workers.pool import WorkerPool
@@ -45,14 +46,15 @@ class Watcher:
         self.pool: WorkerPool | None = None
         self.relay: RelayServer | None = None
 
-    async def start(self) -> int:
-        """Mount the layers, start the workers; the gRPC port they listen on."""
+    async def start(self, start_source: Callable[[], None]) -> int:
+        """Mount the layers, start the source (`start_source`) and the workers; the
+        gRPC port they listen on."""
         app = self.app
         if app.options.grpc_transport != "native":
             raise ValueError("--workers above 1 needs --grpc-transport native")
         sink = HandlerSink()
-        for layer in app.layers:
-            layer(app, sink)
+        app._mount(sink)
+        start_source()
         if app.port_tls() is not None:
             raise ValueError("--tls-from-identity is not served by workers yet: "
                              "use --workers 1, or --tls-cert/--tls-key")
@@ -69,10 +71,9 @@ class Watcher:
 
         self.pool = pool = WorkerPool(options.workers, options.listen, spec, app.metrics)
         pool.on_link(relay.attach)
-        for module in modules:
-            register = getattr(sys.modules[module], "register_feeds", None)
-            if register is not None:
-                register(app, pool)
+        for layer in app.layers:
+            if layer.feeds is not None:
+                layer.feeds(app.host_for(layer), pool)
         return await pool.start()
 
     async def stop(self, grace: float) -> None:
@@ -93,10 +94,11 @@ class Watcher:
         return merge_families([own, *await self.pool.ask("metrics")])
 
 
-def _module_of(layer: Any) -> str:
-    module = getattr(layer, "__module__", None)
-    if not module or module not in sys.modules:
-        raise ValueError(f"layer {layer!r} is not a module's register function: workers "
-                         "mount layers by module")
-    importlib.import_module(module)
-    return str(module)
+def _module_of(layer: Layer) -> str:
+    """The module a worker imports to find `layer` (its `LAYER`): workers mount
+    layers by module, as the name of a layer is."""
+    module = sys.modules.get(layer.name)
+    if module is None or getattr(module, "LAYER", None) is not layer:
+        raise ValueError(f"layer {layer.name} is not its module's LAYER: workers mount "
+                         "layers by module")
+    return str(layer.name)

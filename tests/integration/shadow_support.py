@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from harness.clients import ADS_SOTW, EDS_TYPE
 from harness.shadow.cli import add_arguments, run_shadow
-from tests.polling import eventually
+from meshbridge.app import App
+from testkit.linkerd import read_docs, write_docs
+from testkit.polling import HANG, eventually
 
 DOMAIN = "svc.cluster.local"
 WEB = f"web.emojivoto.{DOMAIN}:80"
@@ -44,12 +45,9 @@ EXTRA_ADDRESS = "10.0.5.21"
 
 def edit(folder: Path, filename: str, change: Callable[[list[dict[str, Any]]], None]) -> None:
     path = folder / filename
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    docs = read_docs(path)
     change(docs)
-    # Written whole and renamed, so the poller never reads half a file.
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    tmp.replace(path)
+    write_docs(path, docs)
 
 
 def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -59,17 +57,26 @@ def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     raise LookupError(f"{kind} {name}")
 
 
-def plant_identity(folder: Path) -> str:
-    """One web pod runs as another ServiceAccount; returns its address."""
+def plant_in_pod(folder: Path, filename: str, name: str,
+                 change: Callable[[dict[str, Any]], None]) -> str:
+    """`change` one pod; returns its address (port 8080)."""
     found: list[str] = []
 
-    def change(docs: list[dict[str, Any]]) -> None:
-        pod = find(docs, "Pod", PLANTED_POD)
-        pod["spec"]["serviceAccountName"] = "web-v2"
+    def change_pod(docs: list[dict[str, Any]]) -> None:
+        pod = find(docs, "Pod", name)
+        change(pod)
         found.append(pod["status"]["podIP"])
 
-    edit(folder, "10-emojivoto.yaml", change)
+    edit(folder, filename, change_pod)
     return f"{found[0]}:8080"
+
+
+def plant_identity(folder: Path) -> str:
+    """One web pod runs as another ServiceAccount; returns its address."""
+    def change(pod: dict[str, Any]) -> None:
+        pod["spec"]["serviceAccountName"] = "web-v2"
+
+    return plant_in_pod(folder, "10-emojivoto.yaml", PLANTED_POD, change)
 
 
 def plant_extra_endpoint(folder: Path) -> str:
@@ -107,28 +114,18 @@ def plant_external_name(folder: Path) -> None:
 
 def plant_pod_label(folder: Path) -> str:
     """A voting pod's pod-template-hash label (its `pod_template_hash` metric label)."""
-    found: list[str] = []
-
-    def change(docs: list[dict[str, Any]]) -> None:
-        pod = find(docs, "Pod", "voting-7f5c6d9b8-bx4fw")
+    def change(pod: dict[str, Any]) -> None:
         pod["metadata"]["labels"]["pod-template-hash"] = "planted"
-        found.append(pod["status"]["podIP"])
 
-    edit(folder, "10-emojivoto.yaml", change)
-    return f"{found[0]}:8080"
+    return plant_in_pod(folder, "10-emojivoto.yaml", "voting-7f5c6d9b8-bx4fw", change)
 
 
 def plant_opaque_annotation(folder: Path) -> str:
     """A catalog pod's opaque-ports annotation names its http port (its protocol hint)."""
-    found: list[str] = []
-
-    def change(docs: list[dict[str, Any]]) -> None:
-        pod = find(docs, "Pod", "catalog-8d6f9c7b5-fk2wz")
+    def change(pod: dict[str, Any]) -> None:
         pod["metadata"]["annotations"]["config.linkerd.io/opaque-ports"] = "8080"
-        found.append(pod["status"]["podIP"])
 
-    edit(folder, "20-shop.yaml", change)
-    return f"{found[0]}:8080"
+    return plant_in_pod(folder, "20-shop.yaml", "catalog-8d6f9c7b5-fk2wz", change)
 
 
 def plant_slice_label(folder: Path) -> None:
@@ -157,6 +154,16 @@ def plant_profile(folder: Path) -> None:
         spec = find(docs, "ServiceProfile", f"web.emojivoto.{DOMAIN}")["spec"]
         spec["retryBudget"]["retryRatio"] = 0.5
         spec["routes"][0]["timeout"] = "1s"
+
+    edit(folder, "10-emojivoto.yaml", change)
+
+
+def plant_override_weight(folder: Path) -> None:
+    """web's ServiceProfile sends 20% to web-canary, not 10%: every route of the
+    profile carries the split (Routes §7.4)."""
+    def change(docs: list[dict[str, Any]]) -> None:
+        spec = find(docs, "ServiceProfile", f"web.emojivoto.{DOMAIN}")["spec"]
+        spec["dstOverrides"][1]["weight"] = "200m"
 
     edit(folder, "10-emojivoto.yaml", change)
 
@@ -220,7 +227,7 @@ class ShadowRun:
             return None
         return latest
 
-    async def until(self, check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    async def until(self, check: Callable[[], Any], what: str, timeout: float = HANG) -> Any:
         """What `check()` returned once truthy; fails at once if shadow ends first."""
         result: Any = None
 
@@ -240,7 +247,7 @@ class ShadowRun:
 
     async def finish(self) -> tuple[int, dict[str, Any]]:
         self.stop.set()
-        rc = await asyncio.wait_for(self.task, 20)
+        rc = await asyncio.wait_for(self.task, HANG)
         summary = self.lines()[-1]
         assert summary["event"] == "summary"
         return rc, summary
@@ -254,6 +261,31 @@ def fields_of(diffs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
 def non_equal(latest: dict[str, dict[str, Any]]) -> dict[str, tuple[str, list[Any]]]:
     return {t: (e["status"], e.get("differences", [])) for t, e in latest.items()
             if e["status"] != "equal"}
+
+
+def addr(app: App) -> str:
+    """An in-process meshbridge's gRPC address."""
+    return f"127.0.0.1:{app.grpc_port}"
+
+
+def copy(folder: Path, to: Path) -> Path:
+    """A copy of a manifest folder, for the other side to differ from."""
+    shutil.copytree(folder, to)
+    return to
+
+
+@contextlib.asynccontextmanager
+async def grpc_peer(service: str, handlers: dict[str, grpc.RpcMethodHandler]
+                    ) -> AsyncIterator[str]:
+    """A grpc.aio server on loopback with `handlers` for `service`: its address."""
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0.2)
 
 
 @contextlib.asynccontextmanager
@@ -275,14 +307,10 @@ async def rewriting(upstream: str,
                     any_.value = cla.SerializeToString()
             yield resp.SerializeToString()
 
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "envoy.service.discovery.v3.AggregatedDiscoveryService",
-        {"StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(ads)}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
     try:
-        yield f"127.0.0.1:{port}"
+        async with grpc_peer("envoy.service.discovery.v3.AggregatedDiscoveryService", {
+                "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(ads)}
+                ) as address:
+            yield address
     finally:
-        await server.stop(0.2)
         await channel.close()

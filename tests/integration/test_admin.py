@@ -12,7 +12,8 @@ from typing import Any
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import View, ViewChange
 from meshbridge.app import App
-from tests.polling import eventually
+from meshbridge.debug_access import DebugAccess
+from testkit.polling import HANG, eventually
 
 
 class Sink:
@@ -22,7 +23,7 @@ class Sink:
 
 def fetch(app: App, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}{path}", timeout=3) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}{path}", timeout=HANG) as r:
             return int(r.status), r.read().decode()
     except urllib.error.HTTPError as e:
         return int(e.code), e.read().decode()
@@ -67,6 +68,18 @@ async def test_debug_pages_reject_bad_requests_with_one_line(
         assert body.count("\n") == 1 and "Traceback" not in body, body
 
 
+async def test_debug_pages_follow_debug_access_and_the_probes_do_not(
+    make_app: Any, demo_dir: Path
+) -> None:
+    app = await make_app(demo_dir, debug_access=DebugAccess("off"))
+    for path in ("/", "/debug/views", "/debug/streams", "/debug/syncz",
+                 "/debug/endpoints?authority=web.emojivoto.svc.cluster.local:80"):
+        status, body = await get(app, path)
+        assert (status, body) == (403, "debug answers are off (--debug-access off)\n"), path
+    for path in ("/metrics", "/ready", "/live"):
+        assert (await get(app, path))[0] == 200, path
+
+
 async def test_debug_endpoints_shows_the_target_and_an_index_page_links_services(
     make_app: Any, demo_dir: Path
 ) -> None:
@@ -92,7 +105,7 @@ async def test_debug_endpoints_is_html_unless_json_is_asked_for(
 
     def fetch_as(accept: str) -> tuple[str, bytes]:
         req = urllib.request.Request(url, headers={"Accept": accept})
-        with urllib.request.urlopen(req, timeout=3) as r:
+        with urllib.request.urlopen(req, timeout=HANG) as r:
             return r.headers["Content-Type"], r.read()
 
     kind, body = await asyncio.to_thread(fetch_as, "text/html,*/*")

@@ -18,11 +18,12 @@ from harness.compare import truth as compare_truth
 from harness.compare.cli import compare
 from harness.compare.run import RunOptions
 from harness.compare.scenario import parse_compare_scenario
-from harness.normalize import State
+from harness.normalize import NormalEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "bench" / "scenarios" / "smoke.yaml"
 BIG = ROOT / "bench" / "scenarios" / "one-big-service.yaml"
+TWO_CLUSTERS = ROOT / "bench" / "scenarios" / "two-clusters.yaml"
 MODELS = ("linkerd", "sotw", "delta", "leds")
 
 
@@ -277,16 +278,13 @@ clients: {linkerd: 1, sotw: 2, delta: 1, targets: 2}
 async def test_a_divergence_fails_naming_the_client_and_the_target(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    real = compare_truth.truth_state
+    real = compare_truth.truth_entry
 
-    def wrong(snapshot: Any) -> State:
-        state = real(snapshot)
+    def wrong(r: Any) -> NormalEndpoint | None:
         # The truth says svc-1 lost an endpoint that the clients (rightly) still hold.
-        if any(r.endpoint.id.name.startswith("svc-1-") for r in snapshot.values()):
-            return frozenset(sorted(state)[1:])
-        return state
+        return None if r.endpoint.id.name == "svc-1-00001" else real(r)
 
-    monkeypatch.setattr(compare_truth, "truth_state", wrong)
+    monkeypatch.setattr(compare_truth, "truth_entry", wrong)
     cs = parse_compare_scenario(STATIC, "static")
     status = await compare(cs, tmp_path, RunOptions(settle_timeout=10), live=False,
                            with_charts=False)
@@ -325,3 +323,34 @@ def test_envoys_in_the_loop_end_on_the_truth_and_reject_nothing(tmp_path: Path) 
         # update it attempts, less the ones the server coalesced.
         assert 0 < p["update_attempt"] <= report["run"]["truth_versions"]
     assert "## Envoy" in (tmp_path / "report.md").read_text()
+
+
+def test_a_two_cluster_scenario_serves_the_union_and_passes_every_check(
+        tmp_path: Path) -> None:
+    """bench/scenarios/two-clusters.yaml: every client follows `<svc>-federated`, the
+    union of a local service and a linked cluster's, both churning."""
+    out = tmp_path / "two-clusters"
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshbridge.cli", "compare", str(TWO_CLUSTERS), "--out",
+         str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["ok"], [c for c in report["checks"] if not c["ok"]]
+    assert report["scenario"]["linked"]["name"] == "east"
+    for model in report["models"]:
+        results = json.loads((out / f"client-results-{model}.json").read_text())
+        text = json.dumps(results)
+        assert "-federated.ns-" in text, model
+        # The local sim's pods are 10.64.x.y, the linked one's 10.128.x.y: both served.
+        assert '"10.64.' in text and '"10.128.' in text, model
+
+
+def test_the_environment_block_names_commit_versions_cores_and_load() -> None:
+    from harness.compare import environment
+
+    env = environment.at_start(())
+    environment.at_end(env)
+    assert env["commit"] != "" and env["python"].startswith("3.")
+    assert env["grpcio"] not in ("", "absent") and env["cores"] >= 1
+    assert len(env["load_start"]) == len(env["load_end"]) == 3
+    assert env["xds_endpoint_metadata"]

@@ -14,9 +14,10 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshbridge.app import App
+from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.test_xds_api import EDS, WEB, read, request
-from tests.integration.xds_helpers import Manifests, eventually
+from tests.integration.xds_helpers import Manifests
 
 EMOJI = "emoji.emojivoto.svc.cluster.local:8080"
 # What moves while the process runs, whatever it serves: its own resources, and the
@@ -26,7 +27,7 @@ _MOVES_BY_ITSELF = ("process_", "python_", "issuer_cert_ttl_seconds")
 
 def _get(app: App, path: str) -> str:
     url = f"http://127.0.0.1:{app.admin_port}{path}"
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    with urllib.request.urlopen(url, timeout=HANG) as resp:
         body: bytes = resp.read()
     return body.decode()
 
@@ -63,7 +64,7 @@ async def test_debug_reads_move_no_client_version_metric_or_subscriber(
             mine = [r for r in rows if r["client"] == "reader"]
             eds = mine[0]["types"]["eds"] if mine else {}
             return eds.get("acked") == eds.get("sent") == first.version_info, rows
-        await eventually(synced, 10.0, "the client's ACK on /debug/syncz")
+        await eventually_seen(synced, HANG, "the client's ACK on /debug/syncz")
 
         views = json.loads(await page("/debug/views"))
         metrics = _samples(await page("/metrics"))

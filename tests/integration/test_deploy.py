@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,9 @@ from kubernetes.client.rest import ApiException
 from bridge.cluster import Cluster
 from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources.kube import KINDS, POLICY_KINDS, KubeSource, watched_kinds
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import HANG
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -54,7 +55,8 @@ def test_the_folder_applies_in_one_kubectl_apply(applied: client.ApiClient) -> N
     every one applies server-side in that order."""
     files = sorted(DEPLOY.glob("*.yaml"))  # what kubectl reads of the folder (no -R)
     assert [f.name for f in files] == ["00-namespace.yaml", "10-rbac.yaml",
-                                       "20-service.yaml", "30-deployment.yaml"]
+                                       "20-service.yaml", "30-deployment.yaml",
+                                       "40-webhook.yaml"]
     created: set[str] = set()
     docs = [d for f in files for d in manifests(f.name)]
     for doc in docs:
@@ -132,27 +134,33 @@ def test_the_deployment_passes_server_side_validation(applied: client.ApiClient)
         "meshbridge", deployment, dry_run="All")
     container = created.spec.template.spec.containers[0]
     assert container.args[:3] == ["serve", "--source", "kube"]
-    assert {p.container_port for p in container.ports} == {8086, 9996}
+    assert {p.container_port for p in container.ports} == {8086, 9996, 9443}
+    assert container.args[container.args.index("--webhook-listen") + 1] == "0.0.0.0:9443"
     assert container.readiness_probe.http_get.path == "/ready"
     assert container.liveness_probe.http_get.path == "/live"
     assert created.spec.template.spec.service_account_name == "meshbridge"
     assert created.spec.replicas == 2
 
 
-async def test_the_kube_source_runs_as_that_service_account_without_denials(
-    applied: client.ApiClient, kube_apiserver: KubeAPIServer
-) -> None:
-    kubeconfig = kube_apiserver.token_kubeconfig_for(SA_USER, SA_GROUPS)
-    source = KubeSource(kubeconfig=str(kubeconfig))
+async def synced_once(source: KubeSource, cluster: Cluster) -> list[MutableMapping[str, Any]]:
+    """Run `source` into `cluster` until it has synced; what it logged."""
     synced = asyncio.Event()
     with structlog.testing.capture_logs() as logs:
-        task = asyncio.create_task(source.run(Cluster(), synced))
+        task = asyncio.create_task(source.run(cluster, synced))
         try:
-            await asyncio.wait_for(synced.wait(), 30)
+            await asyncio.wait_for(synced.wait(), HANG)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    return logs
+
+
+async def test_the_kube_source_runs_as_that_service_account_without_denials(
+    applied: client.ApiClient, kube_apiserver: KubeAPIServer
+) -> None:
+    kubeconfig = kube_apiserver.token_kubeconfig_for(SA_USER, SA_GROUPS)
+    logs = await synced_once(KubeSource(kubeconfig=str(kubeconfig)), Cluster())
     assert not [e for e in logs if e.get("event", "").startswith("access denied")]
     # A CRD not installed is reported as missing (404), which means RBAC let us ask;
     # another test of this session may have installed some (test_kube_policy.py).
@@ -179,16 +187,29 @@ async def test_a_denied_kind_is_reported_and_the_others_keep_working(
         "subjects": [{"kind": "User", "name": name, "apiGroup": "rbac.authorization.k8s.io"}]})
     source = KubeSource(kubeconfig=str(kube_apiserver.token_kubeconfig_for(name)))
     cluster = Cluster()
-    synced = asyncio.Event()
-    with structlog.testing.capture_logs() as logs:
-        task = asyncio.create_task(source.run(cluster, synced))
-        try:
-            await asyncio.wait_for(synced.wait(), 30)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    logs = await synced_once(source, cluster)
     denied = {e["kind"] for e in logs if e.get("event", "").startswith("access denied")}
     assert denied == {"ReplicaSet", "Job", "Server", "ServiceProfile", *POLICY_KINDS}
     assert cluster.services  # the kinds it may read were listed
     assert not source.stale
+
+
+def test_the_linked_clusters_role_grants_exactly_what_their_watches_read() -> None:
+    """deploy/multicluster/remote/: what meshbridge watches in a linked cluster
+    (bridge/multicluster/remote.py), read-only; and the mirror writes Services only."""
+    from bridge.multicluster.remote import REMOTE_KINDS
+
+    remote = [d for d in yaml.safe_load_all(
+        (DEPLOY / "multicluster" / "remote" / "remote-access.yaml").read_text()) if d]
+    (role,) = [d for d in remote if d["kind"] == "ClusterRole"]
+    granted = {(group, resource, verb) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    assert granted == {(*group_and_resource(KINDS[k].path), verb) for k in REMOTE_KINDS
+                       for verb in ("get", "list", "watch")}
+    mirror = [d for d in yaml.safe_load_all(
+        (DEPLOY / "multicluster" / "20-mirror.yaml").read_text()) if d]
+    (role,) = [d for d in mirror if d["kind"] == "ClusterRole"]
+    writes = {(r, v) for rule in role["rules"] for r in rule["resources"]
+              for v in rule["verbs"] if v not in ("get", "list", "watch")}
+    assert writes == {("services", "create"), ("services", "patch"), ("services", "delete")}

@@ -7,18 +7,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.net import free_port, ready
+from testkit.processes import running, stop
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -32,20 +29,6 @@ def instruction(name: str) -> list[str]:
             assert isinstance(value, list), f"{name} must use the exec form"
             return [str(v) for v in value]
     raise AssertionError(f"no {name} in {DOCKERFILE}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ready(admin_port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as r:
-            return int(r.status) == 200
-    except (OSError, urllib.error.HTTPError):
-        return False
 
 
 def test_dockerfile_is_non_root_and_exposes_both_ports() -> None:
@@ -129,18 +112,9 @@ def test_the_entrypoint_serves_the_kube_source_until_sigterm(
             "--admin", f"127.0.0.1:{admin_port}"]
     env = {**os.environ, "KUBECONFIG": str(kube_apiserver.kubeconfig_path)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    try:
-        eventually_sync(lambda: proc.poll() is not None or ready(admin_port), 30,
-                        "/ready never answered 200")
-        assert proc.poll() is None, "the entrypoint exited"
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    with running(argv, lambda: ready(admin_port), "/ready never answered 200", env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        out = stop(proc, timeout=30)
     assert proc.returncode == 0
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     events = [line["event"] for line in lines]

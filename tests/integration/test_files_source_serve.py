@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_serve import free_port, http_get, ready
-from tests.polling import eventually_sync
-from tests.unit.builders import service
+from testkit.builders import service
+from testkit.net import free_port, http_get, ready
+from testkit.polling import HANG, eventually_sync
+from testkit.processes import running, stop
 
 
 def logged(log: Path, event: str, file: Path | None = None) -> bool:
@@ -41,37 +41,31 @@ def test_the_files_source_logs_each_file_and_a_lost_folder_turns_ready_503(
     log = tmp_path / "serve.log"
     admin_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHBRIDGE_")}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
+    with log.open("w") as out, running(
             [sys.executable, "-m", "meshbridge", "serve", "--source", f"files:{root}",
              "--listen", "127.0.0.1:0", "--admin", f"127.0.0.1:{admin_port}",
-             "--log-format", "json"], stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
+             "--log-format", "json"], lambda: ready(admin_port),
+            "/ready never answered 200", stdout=out, stderr=subprocess.STDOUT,
+            env=env) as proc:
         assert logged(log, "manifest file added", a)
         b.write_text(yaml.safe_dump(service("b")))
-        eventually_sync(lambda: logged(log, "manifest file added", b), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file added", b), HANG, log.read_text())
         a.write_text(yaml.safe_dump_all([service("a"), service("a2")]))
-        eventually_sync(lambda: logged(log, "manifest file changed", a), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file changed", a), HANG, log.read_text())
         b.unlink()
-        eventually_sync(lambda: logged(log, "manifest file removed", b), 10, log.read_text())
+        eventually_sync(lambda: logged(log, "manifest file removed", b), HANG, log.read_text())
         if how == "removed":
             shutil.rmtree(root)
         else:
             a.unlink()
         eventually_sync(lambda: logged(log, "no manifests in the folder; serving its last "
-                                            "state"), 10, log.read_text())
+                                            "state"), HANG, log.read_text())
         code, body = http_get(f"http://127.0.0.1:{admin_port}/ready")
         assert code == 503 and str(root) in body
         assert ("is missing" if how == "removed" else "holds no manifests") in body
         root.mkdir(exist_ok=True)
         a.write_text(yaml.safe_dump(service("a")))
-        eventually_sync(lambda: ready(admin_port), 10, "/ready did not come back")
+        eventually_sync(lambda: ready(admin_port), HANG, "/ready did not come back")
         assert logged(log, "manifest folder has manifests again")
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     assert proc.returncode == 0

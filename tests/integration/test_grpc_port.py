@@ -21,13 +21,14 @@ from cryptography.x509.oid import NameOID
 
 from bridge.sources.files import FilesSource
 from meshbridge.app import App, ServeOptions, TlsFiles
+from meshbridge.host import GrpcServer, Host, Layer
 from meshbridge.limits import Limits
-from tests.polling import eventually
+from testkit.polling import HANG, eventually
 
 METHOD = "/meshbridge.test.Hold/Stream"
 
 
-def hold_layer(app: App, server: grpc.aio.Server) -> None:
+def hold(host: Host, server: GrpcServer) -> None:
     async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         yield b"hello"
         await asyncio.Event().wait()  # hold the stream open until cancelled
@@ -40,7 +41,7 @@ async def start(tmp_path: Path, **options: Any) -> App:
     (tmp_path / "m").mkdir(exist_ok=True)
     app = App(FilesSource(tmp_path / "m"), options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
                                                                 **options),
-              layers=[hold_layer])
+              layers=[Layer("hold", hold)])
     await app.start()
     return app
 
@@ -67,7 +68,7 @@ async def test_streams_over_the_per_client_limit_are_refused_and_others_unaffect
             assert "--max-streams-per-client" in (err.value.details() or "")
             # The held streams are untouched; closing one makes room for a new one.
             held[0][0].cancel()
-            await eventually(lambda: app.rpc_guard.open.count("127.0.0.1") < 3, 5,
+            await eventually(lambda: app.rpc_guard.open.count("127.0.0.1") < 3, HANG,
                              "the cancelled stream's place given back")
             _, msg = await first_message(ch)
             assert msg == b"hello"
@@ -138,7 +139,7 @@ async def test_mtls_admits_a_client_with_a_cert_from_the_ca_and_refuses_others(
         }
         for why, creds in refused.items():
             async with grpc.aio.secure_channel(target, creds) as ch:
-                call = ch.unary_stream(METHOD)(b"", timeout=5)
+                call = ch.unary_stream(METHOD)(b"", timeout=HANG)
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     async for _ in call:
                         pass
@@ -183,7 +184,7 @@ async def test_grpc_server_metrics_count_streams_messages_and_codes(tmp_path: Pa
                     pass
             call.cancel()
             await eventually(
-                lambda: sample("grpc_server_handled_total", grpc_code="Canceled") >= 1, 5,
+                lambda: sample("grpc_server_handled_total", grpc_code="Canceled") >= 1, HANG,
                 "the cancelled call counted")
     finally:
         await app.stop(0.1)
@@ -220,14 +221,14 @@ async def test_the_get_and_xds_clients_speak_mtls_with_matching_flags(
             ok = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "meshbridge.cli", *argv, *tls_flags,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(ok.communicate(), 30)
+            out, err = await asyncio.wait_for(ok.communicate(), HANG)
             assert ok.returncode == 0, (name, err.decode())
             assert b"10.244." in out, name  # an endpoint address of the demo's web pods
             # The same command without a client certificate is refused by the server.
             refused = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "meshbridge.cli", *argv, *tls_flags[:4], "--timeout", "5",
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            await asyncio.wait_for(refused.communicate(), 30)
+            await asyncio.wait_for(refused.communicate(), HANG)
             assert refused.returncode != 0, name
     finally:
         await app.stop(0.1)

@@ -31,3 +31,15 @@ def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:
         failures = [f for f in pool.map(_import_alone, modules) if f is not None]
     assert failures == []
+
+
+def test_the_protocol_layers_load_neither_the_app_nor_the_admin_port() -> None:
+    # A layer builds against meshbridge.host alone (tests/unit/test_layer_interface.py
+    # checks what its modules import; this, what loading them brings along).
+    code = ("import sys\n"
+            "from meshbridge.layers import PROTOCOL_LAYERS, protocol_layers\n"
+            "assert len(protocol_layers()) == len(PROTOCOL_LAYERS)\n"
+            "loaded = {'meshbridge.app', 'meshbridge.admin', 'meshbridge.debug'} & "
+            "set(sys.modules)\n"
+            "assert not loaded, sorted(loaded)\n")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=300)

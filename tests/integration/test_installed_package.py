@@ -15,19 +15,16 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tomllib
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.polling import eventually_sync
+from testkit.net import free_port, ready
+from testkit.processes import running, stop
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "meshbridge-wheeltest"
@@ -35,22 +32,6 @@ WEB = "web.emojivoto.svc.cluster.local:80"
 
 # A first run downloads the dependencies (grpcio, kubernetes, ...): minutes, not seconds.
 pytestmark = pytest.mark.timeout(1200)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
 
 
 def run(argv: list[str | Path], timeout: float, **kwargs: object) -> str:
@@ -127,25 +108,16 @@ def test_the_installed_wheel_serves_the_demo_from_anywhere(tmp_path: Path) -> No
 
     grpc_port, admin_port = free_port(), free_port()
     meshbridge = venv / "bin" / "meshbridge"
-    proc = subprocess.Popen(
-        [str(meshbridge), "serve", "--listen", f"127.0.0.1:{grpc_port}",
-         "--admin", f"127.0.0.1:{admin_port}", "--log-format", "json"],
-        cwd=elsewhere, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        eventually_sync(lambda: proc.poll() is not None
-                        or http_status(f"http://127.0.0.1:{admin_port}/ready") == 200,
-                        timeout=60, why="meshbridge serve never became ready")
-        assert proc.poll() is None, "meshbridge serve exited"
+    with running([meshbridge, "serve", "--listen", f"127.0.0.1:{grpc_port}",
+                  "--admin", f"127.0.0.1:{admin_port}", "--log-format", "json"],
+                 lambda: ready(admin_port), "meshbridge serve never became ready",
+                 timeout=60, cwd=elsewhere, env=env, stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True) as proc:
         out = run([meshbridge, "get", WEB, "--server", f"127.0.0.1:{grpc_port}",
                    "--count", "1", "--json", "--timeout", "30"],
                   timeout=60, cwd=elsewhere, env=env)
         first = json.loads(out.splitlines()[0])
         assert len(first["add"]["addrs"]) == 2, first  # bridge/sources/demo/README.md
-        proc.send_signal(signal.SIGTERM)
-        log, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        log = stop(proc, timeout=30)
     assert proc.returncode == 0, log
     assert '"service": "web"' in log and '"service": "catalog"' in log

@@ -2,7 +2,7 @@
 
 The same discovery objects (Nodes with region/zone labels, Pods, Services and
 EndpointSlices, including a not-ready and a terminating endpoint and an address listed
-by two slices) are read by a real istiod (tests/integration/istiod.py) and by
+by two slices) are read by a real istiod (testkit/istiod.py) and by
 meshbridge `--source kube`. One ADS client per server subscribes to the same clusters
 (istiod names them `outbound|<port>||<host>`, meshbridge `<host>:<port>`) and the two
 answers are compared field by field: endpoint set, locality, priority, weights,
@@ -34,11 +34,11 @@ from harness.clients import XdsClient
 from harness.normalize import State, from_cla
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.istiod import CLUSTER_ID, Istiod, cla_endpoints, differences
-from tests.integration.kubeapi import KubeAPIServer
+from testkit import kubeapi
+from testkit.istiod import CLUSTER_ID, Istiod, cla_endpoints, differences
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import eventually
 from tests.integration.shadow_support import ShadowRun, non_equal
-from tests.polling import eventually
 from xds_api.service import XdsOptions
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture

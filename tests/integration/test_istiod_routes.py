@@ -26,6 +26,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -35,9 +36,10 @@ from kubernetes import client, config
 from bridge.sources.kube import KubeSource
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.istiod import Istiod, IstiodError
-from tests.integration.kubeapi import KubeAPIServer
+from testkit import kubeapi
+from testkit.istiod import Istiod, IstiodError
+from testkit.kubeapi import KubeAPIServer
+from tests.integration.shadow_support import ShadowRun, fields_of
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient
 
@@ -186,6 +188,75 @@ async def test_istiod_and_meshbridge_send_an_envoy_the_same_routes(
         assert ours_seen[1]["timeout_ms"] == 2000
         assert ours_seen[3]["backends"] == [
             (host, 80, 90), (f"web-canary.{ns}.svc.cluster.local", 80, 10)]
+    finally:
+        await app.stop(0.2)
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespace(ns)
+        api.close()
+
+
+# What an istiod sidecar answer carries that meshbridge's does not, each for a reason:
+# naming and telemetry (route names, decorators, metadata, the attempt-count header,
+# max_grpc_timeout), istiod's mesh-wide default retry (above), a 500 for a missing
+# cluster on every route (meshbridge sets it where a backend cannot be served: with
+# every cluster there, Envoy never reads it), and a redirect that keeps the path
+# carrying an empty `path_redirect` (meshbridge leaves the field out).
+# docs/shadow.md gives the same list.
+ISTIOD_ROUTE_FIELDS = ",".join((
+    "rds.include_request_attempt_count", "rds.routes.name", "rds.routes.decorator",
+    "rds.routes.metadata", "rds.routes.route.max_grpc_timeout",
+    "rds.routes.route.retry_policy", "rds.routes.route.cluster_not_found_response_code",
+    "rds.routes.redirect.path_redirect"))
+
+
+async def test_shadow_compares_routes_with_istiod_and_finds_a_planted_difference(
+        istiod: Istiod, kube_apiserver: KubeAPIServer, tmp_path: Path) -> None:
+    """`meshbridge shadow --api xds --routes` with istiod as theirs: the route's virtual
+    host is equal field by field but for the fields above; an annotation only
+    meshbridge reads (timeout.linkerd.io/request wins over `timeouts`, Routes §3.3)
+    plants a difference in exactly the routes' timeouts."""
+    api = config.new_client_from_config(str(kube_apiserver.kubeconfig_path))
+    core = client.CoreV1Api(api)
+    objs = client.CustomObjectsApi(api)
+    ns = f"sr-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    for name in ("web", "web-canary"):
+        core.create_namespaced_service(ns, {"metadata": {"name": name}, "spec": {
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+    objs.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, route(ns))
+    target = f"web.{ns}.svc.cluster.local:80"
+    targets = tmp_path / "targets"
+    targets.write_text(f"{target}\n")
+    app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path), route_status=False),
+              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"), layers=protocol_layers())
+    await app.start()
+    try:
+        run = ShadowRun("--api", "xds", "--ours", f"127.0.0.1:{app.grpc_port}",
+                        "--theirs", f"127.0.0.1:{istiod.grpc_port}", "--targets", str(targets),
+                        "--routes", "--theirs-eds-name", "outbound|{port}||{host}",
+                        "--theirs-rds-name", "{port}", "--fields", ISTIOD_ROUTE_FIELDS,
+                        "--node-id", f"sidecar~10.30.9.9~shadow.{ns}~{ns}.svc.cluster.local")
+
+        def four_routes_equal() -> bool:
+            event = run.latest().get(target, {})
+            return event.get("status") == "equal" and any(
+                e["event"] == "target" for e in run.lines())
+        await run.until(four_routes_equal, f"{target}'s routes equal", WAIT)
+
+        objs.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "web-routes", {
+            "metadata": {"annotations": {"timeout.linkerd.io/request": "5s"}}})
+        differs = await run.until(
+            lambda: [e for e in run.events(target) if e["status"] == "differs"],
+            "the planted timeout", WAIT)
+        # Envoy's order: the exact path, the longer prefix (2 s), the redirect, then /.
+        assert fields_of(differs[-1]["differences"]) == {
+            "rds.routes[0].route.timeout": ("(unset)", "{}"),
+            "rds.routes[0].route.timeout.seconds": ("5", "(unset)"),
+            "rds.routes[1].route.timeout.seconds": ("5", "2"),
+            "rds.routes[3].route.timeout": ("(unset)", "{}"),
+            "rds.routes[3].route.timeout.seconds": ("5", "(unset)")}
+        rc, summary = await run.finish()
+        assert rc == 1 and summary["ignored"] == ISTIOD_ROUTE_FIELDS.split(",")
     finally:
         await app.stop(0.2)
         with contextlib.suppress(client.ApiException):

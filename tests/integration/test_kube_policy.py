@@ -18,21 +18,21 @@ from kubernetes import client, config
 from bridge.sources.kube import KubeSource
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.linkerd_support import channel_to
-from tests.integration.policy_client import watch_addr, watch_port
-from tests.polling import eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.linkerd import channel_to
+from testkit.linkerd_policy import watch_addr, watch_port
+from testkit.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 CRDS = Path(__file__).parent / "crds" / "policy.yaml"
-WAIT = 15.0
+WAIT = HANG  # a write reaching the clients through a real API server: waited for, never timed
 
 
-def install_crds(api: client.ApiClient) -> None:
+def install_crds(api: client.ApiClient, path: Path = CRDS) -> None:
     ext = client.ApiextensionsV1Api(api)
-    docs = [d for d in yaml.safe_load_all(CRDS.read_text()) if d]
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:
         try:
             ext.create_custom_resource_definition(doc)
@@ -110,11 +110,12 @@ async def test_routes_and_servers_written_through_the_api_are_served_and_followe
 
             objs = client.CustomObjectsApi(api)
             route["spec"]["rules"][0]["backendRefs"][1]["weight"] = 9
-            current = objs.get_namespaced_custom_object(
-                "gateway.networking.k8s.io", "v1", ns, "httproutes", "split")
-            route["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            objs.replace_namespaced_custom_object("gateway.networking.k8s.io", "v1", ns,
-                                                  "httproutes", "split", route)
+            # A merge patch of the spec, as `kubectl patch` sends: meshbridge's route
+            # status writer patches the same object, so a replace carrying the
+            # resourceVersion read a moment before can meet a 409 Conflict.
+            objs.patch_namespaced_custom_object(
+                "gateway.networking.k8s.io", "v1", ns, "httproutes", "split",
+                {"spec": route["spec"]}, _content_type="application/merge-patch+json")
             deadline = time.monotonic() + WAIT
             while True:
                 pushed = await stream.next(max(0.1, deadline - time.monotonic()))

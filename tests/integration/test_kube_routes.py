@@ -19,17 +19,18 @@ from bridge.sources.kube import KubeSource
 from linkerd_api.proto import outbound_pb2 as ob
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi, test_kube_policy
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.linkerd_support import channel_to
-from tests.integration.policy_client import watch
-from tests.polling import eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.linkerd import channel_to
+from testkit.linkerd_policy import watch
+from testkit.polling import HANG, eventually_sync
+from tests.integration import test_kube_policy
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 api = test_kube_policy.api  # an API client, with the policy and route CRDs installed
-WAIT = 15.0
+WAIT = HANG  # a write reaching the clients through a real API server: waited for, never timed
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 LINKERD = "linkerd.io/policy-controller"
 

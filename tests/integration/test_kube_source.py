@@ -1,4 +1,4 @@
-"""The kube source against a real kube-apiserver + etcd (tests/integration/kubeapi.py)."""
+"""The kube source against a real kube-apiserver + etcd (testkit/kubeapi.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -15,28 +15,21 @@ import pytest
 from kubernetes import client, config
 
 from bridge.model import FilterKey, ServiceKey, ViewKey
-from bridge.sources.kube import KubeSource
-from bridge.views import View, ViewChange
+from bridge.sources.kube import BACKOFF_CAP, KubeSource
+from bridge.views import View
 from harness.clients import LinkerdClient, XdsClient
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually
+from meshbridge.app import App
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import HANG, eventually
+from testkit.recorders import ViewRecorder
+from testkit.serving import Apps
 from xds_api.service import XdsOptions
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 LINKERD_METADATA = XdsOptions(endpoint_metadata="linkerd")
-WAIT = 15.0  # seconds for a write to reach the clients through a real API server
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.changes: list[ViewChange] = []
-
-    def on_view_change(self, view: View, change: ViewChange) -> None:
-        self.changes.append(change)
+WAIT = HANG  # a write reaching the clients through a real API server: waited for, never timed
 
 
 @pytest.fixture
@@ -120,27 +113,18 @@ def objs(api: client.ApiClient) -> Iterator[Objects]:
 
 
 @pytest.fixture
-async def start_app(kube_apiserver: KubeAPIServer) -> AsyncIterator[Callable[..., Any]]:
-    apps: list[App] = []
-
+def start_app(kube_apiserver: KubeAPIServer, apps: Apps) -> Callable[..., Any]:
     async def start(**source_options: Any) -> App:
         source = KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path), **source_options)
         # Clients are compared field for field, identity and hints included: over xDS
         # those travel in the linkerd endpoint metadata profile.
-        app = App(source, options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
-                                               layer_options=(LINKERD_METADATA,)),
-                  layers=protocol_layers())
-        apps.append(app)
-        await app.start()
-        return app
+        return await apps.start(source, layer_options=(LINKERD_METADATA,))
 
-    yield start
-    for app in apps:
-        await app.stop(0.2)
+    return start
 
 
-def watch(app: App, ns: str, service: str = "web") -> tuple[View, Recorder]:
-    rec = Recorder()
+def watch(app: App, ns: str, service: str = "web") -> tuple[View, ViewRecorder]:
+    rec = ViewRecorder()
     view = app.views.subscribe(ViewKey(ServiceKey(ns, service), 80, FilterKey()), rec, "test")
     return view, rec
 
@@ -223,13 +207,13 @@ async def test_an_api_outage_keeps_the_last_state_then_converges(
     view, _ = watch(app, objs.ns)
     kube_apiserver.stop_apiserver()
     try:
-        await eventually(lambda: app.source.stale, timeout=30)
+        await eventually(lambda: app.source.stale, timeout=HANG)
         assert served(view) == {"10.1.0.1"}  # proxies keep the last-known truth
     finally:
         kube_apiserver.start_apiserver()
     objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
-    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=40)
-    await eventually(lambda: not app.source.stale, timeout=30)
+    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=HANG)
+    await eventually(lambda: not app.source.stale, timeout=HANG)
 
 
 async def test_a_410_relist_sends_no_spurious_updates(
@@ -259,14 +243,14 @@ async def test_a_410_relist_sends_no_spurious_updates(
         kube_apiserver.start_apiserver()
     await eventually(lambda: all(w.relists > before[w.spec.kind] for w in source.watchers
                                  if w.spec.kind in ("Service", "EndpointSlice", "Pod")),
-                     timeout=40)
+                     timeout=HANG)
     assert rec.changes == []
     assert served(view) == {"10.1.0.1"}
     assert get.messages == messages  # no remove/add reached the Get stream
     # And the watches that follow the relist still deliver changes.
     objs.pod("web-2", "10.1.0.2", node)
     objs.put_slice("web-a", [("web-1", "10.1.0.1"), ("web-2", "10.1.0.2")])
-    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=20)
+    await eventually(lambda: served(view) == {"10.1.0.1", "10.1.0.2"}, timeout=HANG)
     await eventually(lambda: addresses(get, target) == {"10.1.0.1", "10.1.0.2"}, WAIT)
     get_task.cancel()
     await asyncio.gather(get_task, return_exceptions=True)
@@ -389,7 +373,7 @@ async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_tru
         tasks = [asyncio.create_task(c.run()) for c in clients]
         churning = asyncio.create_task(churn())
         try:
-            await eventually(lambda: writes >= 20, timeout=30)
+            await eventually(lambda: writes >= 20, timeout=HANG)
             before = {w.spec.kind: w.relists for w in source.watchers}
             # In threads, so that the churn (and meshbridge) run on meanwhile.
             await asyncio.to_thread(kube_apiserver.stop_apiserver)
@@ -402,10 +386,10 @@ async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_tru
                                          if w.spec.kind in ("EndpointSlice", "Pod")),
                              timeout=60)
             after_relist = writes
-            await eventually(lambda: writes >= after_relist + 20, timeout=30)
+            await eventually(lambda: writes >= after_relist + 20, timeout=HANG)
             await asyncio.to_thread(kube_apiserver.stop_apiserver)
             try:
-                await eventually(lambda: source.stale, timeout=30)
+                await eventually(lambda: source.stale, timeout=HANG)
             finally:
                 await asyncio.to_thread(kube_apiserver.start_apiserver)
             after_outage = writes
@@ -426,4 +410,8 @@ async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_tru
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    assert not source.stale
+    # Each kind's watcher reconnects after its own back-off (which grew during the
+    # outage, up to BACKOFF_CAP): the source is current again once every one has.
+    await eventually(lambda: not source.stale, timeout=BACKOFF_CAP + 30,
+                     why=lambda: "still disconnected: " + ", ".join(
+                         w.spec.kind for w in source.watchers if w.synced and not w.connected))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from testkit.linkerd import Stream, addrs, channel_to, kind
+from testkit.polling import eventually
 from tests.integration import test_kube_source as kube
-from tests.integration.linkerd_support import Stream, addrs, channel_to, kind
 from tests.integration.test_kube_source import WAIT, Objects
-from tests.polling import eventually
 
 # The shared fixtures: a namespace of objects on the session's API server, and apps.
 kube_apiserver = kube.kube_apiserver

@@ -13,9 +13,9 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.polling import eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.polling import HANG, eventually_sync
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -216,8 +216,8 @@ def test_watch_sees_update(admin: client.ApiClient, namespace: str) -> None:
             ]
         },
     )
-    ev = events.get(timeout=15)
-    watcher.join(timeout=5)
+    ev = events.get(timeout=HANG)
+    watcher.join(timeout=HANG)
     assert ev["type"] == "MODIFIED"
     obj = ev["object"]
     assert obj.metadata.name == "api-1"
@@ -329,7 +329,7 @@ def test_rbac_applies_to_non_admin_tokens(
                 return False
             return True
 
-        eventually_sync(can_list, 15, "the role binding never took effect", period=0.1)
+        eventually_sync(can_list, HANG, "the role binding never took effect", period=0.1)
         # The grant is namespaced: other namespaces and writes stay forbidden.
         with pytest.raises(ApiException) as still_denied:
             core.list_namespaced_pod("default")

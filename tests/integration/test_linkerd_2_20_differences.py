@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +18,17 @@ from bridge.sources.kube import KubeSource
 from linkerd_api.endpoint_streams import Semantics
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.service import LinkerdOptions
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.linkerd_support import Stream, channel_to
-from tests.polling import eventually
+from meshbridge.app import App
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.linkerd import Stream, channel_to
+from testkit.polling import HANG, eventually
+from testkit.serving import Apps
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
 AppFactory = Any
-WAIT = 15.0
+WAIT = HANG
 
 
 @pytest.fixture
@@ -43,19 +43,11 @@ def ns(kube_apiserver: KubeAPIServer) -> Iterator[tuple[client.CoreV1Api, client
 
 
 @pytest.fixture
-async def kube_app(kube_apiserver: KubeAPIServer) -> AsyncIterator[Callable[[], Any]]:
-    apps: list[App] = []
-
+def kube_app(kube_apiserver: KubeAPIServer, apps: Apps) -> Callable[[], Any]:
     async def start() -> App:
-        app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
-                  options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"), layers=protocol_layers())
-        apps.append(app)
-        await app.start()
-        return app
+        return await apps.start(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)))
 
-    yield start
-    for app in apps:
-        await app.stop(0.2)
+    return start
 
 
 def mirror_slice(name: str, service: str, ip: str, cluster_label: bool) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 
 from linkerd_api.endpoint_streams import Semantics
 from linkerd_api.service import LinkerdOptions
-from tests.integration.linkerd_support import DEADLINE, edit
+from testkit.linkerd import DEADLINE, edit
 
 AppFactory = Any
 WEB = "web.emojivoto.svc.cluster.local:80"

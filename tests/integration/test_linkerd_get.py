@@ -17,7 +17,7 @@ import structlog
 from bridge.model import MeshConfig
 from linkerd_api.endpoint_streams import Semantics
 from linkerd_api.service import LinkerdOptions
-from tests.integration.linkerd_support import (
+from testkit.linkerd import (
     Stream,
     addrs,
     by_addr,
@@ -29,7 +29,7 @@ from tests.integration.linkerd_support import (
     remove_objects,
     write_docs,
 )
-from tests.polling import eventually
+from testkit.polling import eventually
 
 AppFactory = Any
 

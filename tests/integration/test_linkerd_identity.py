@@ -20,6 +20,7 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from linkerd_api.identity import IdentityOptions
 from linkerd_api.proto import identity_pb2
 from meshbridge.app import App
+from testkit.polling import HANG
 from tests.conftest import AppFactory
 
 CERTIFY = "/io.linkerd.proxy.identity.Identity/Certify"
@@ -57,7 +58,7 @@ async def certify(app: App, identity: str, token: bytes, csr: bytes,
             CERTIFY, request_serializer=identity_pb2.CertifyRequest.SerializeToString,
             response_deserializer=identity_pb2.CertifyResponse.FromString)
         response = await call(identity_pb2.CertifyRequest(  # type: ignore[misc]
-            identity=identity, token=token, certificate_signing_request=csr), timeout=10)
+            identity=identity, token=token, certificate_signing_request=csr), timeout=HANG)
         assert isinstance(response, identity_pb2.CertifyResponse)
         return response
 

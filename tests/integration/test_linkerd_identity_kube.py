@@ -23,8 +23,8 @@ from linkerd_api.token_review import KubeTokenReview
 from linkerd_api.tokens import ReviewFailed
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
 from tests.integration.test_linkerd_identity import certify, csr_for
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture

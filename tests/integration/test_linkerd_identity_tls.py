@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ from linkerd_api.ca import CertificateAuthority, generate_issuer
 from linkerd_api.control_tls import RENEW_AT
 from linkerd_api.identity import IdentityOptions, IdentityService
 from linkerd_api.proto import identity_pb2
-from meshbridge.app import App, ServeOptions, TlsFiles
-from meshbridge.layers import protocol_layers
-from tests.integration.linkerd_support import Stream
+from meshbridge.app import App, TlsFiles
+from testkit.linkerd import Stream
+from testkit.polling import HANG
+from testkit.serving import Apps
 from tests.integration.test_linkerd_identity import CERTIFY, TOKENS, WEB, csr_for
 
 DESTINATION = "linkerd-destination.linkerd.serviceaccount.identity.linkerd.cluster.local"
@@ -38,23 +39,15 @@ def pem(der: bytes) -> bytes:
 
 
 @pytest.fixture
-async def start(demo_dir: Path, tmp_path: Path) -> AsyncIterator[Start]:
-    apps: list[App] = []
+def start(demo_dir: Path, tmp_path: Path, apps: Apps) -> Start:
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKENS)
 
     async def started(tls: TlsFiles | None = None, **identity: Any) -> App:
-        options = ServeOptions("127.0.0.1:0", "127.0.0.1:0", tls=tls, layer_options=(
-            IdentityOptions(tokens=tokens, **identity),))
-        app = App(FilesSource(demo_dir, poll_interval=0.05), options=options,
-                  layers=protocol_layers())
-        apps.append(app)
-        await app.start()
-        return app
+        return await apps.start(FilesSource(demo_dir, poll_interval=0.05), tls=tls,
+                                layer_options=(IdentityOptions(tokens=tokens, **identity),))
 
-    yield started
-    for app in apps:
-        await app.stop(0.2)
+    return started
 
 
 @pytest.fixture
@@ -90,7 +83,7 @@ async def certify_over(ch: grpc.aio.Channel, key: ec.EllipticCurvePrivateKey,
                           response_deserializer=identity_pb2.CertifyResponse.FromString)
     response = await call(identity_pb2.CertifyRequest(
         identity=WEB, token=b"web-token", certificate_signing_request=csr_for(WEB, key)),
-        timeout=10)
+        timeout=HANG)
     assert isinstance(response, identity_pb2.CertifyResponse)
     return response
 

@@ -12,8 +12,8 @@ import yaml
 from linkerd_api.policy.outbound import address_of
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
-from tests.integration.linkerd_support import Stream, addrs, channel_to, edit, kind
-from tests.integration.policy_client import (
+from testkit.linkerd import Stream, addrs, channel_to, edit, kind
+from testkit.linkerd_policy import (
     CLIENT,
     addr,
     backends_of,
@@ -22,6 +22,7 @@ from tests.integration.policy_client import (
     watch_addr,
     watch_port,
 )
+from testkit.polling import eventually
 
 AppFactory = Any
 CATALOG_IP = "10.96.20.10"
@@ -94,9 +95,11 @@ async def test_get_by_authority_answers_the_same_policy_once(
     assert by_name == by_ip
 
 
-async def test_the_demo_httproute_splits_web_and_an_edit_is_pushed_on_the_open_stream(
+async def test_the_demo_profile_splits_web_and_an_edit_is_pushed_on_the_open_stream(
     make_app: AppFactory, demo_dir: Path
 ) -> None:
+    """web's ServiceProfile routes it (its dstOverrides, 90/10), for a proxy that
+    reads only this policy as for one that follows the profile (Routes §7)."""
     app = await make_app(demo_dir)
     async with channel_to(app) as ch:
         stream = watch_addr(ch, "10.96.10.10", 80)
@@ -104,30 +107,58 @@ async def test_the_demo_httproute_splits_web_and_an_edit_is_pushed_on_the_open_s
         (route,) = policy.protocol.detect.http1.routes
         res = route.metadata.resource
         assert (res.group, res.kind, res.namespace, res.name) == (
-            "policy.linkerd.io", "HTTPRoute", "emojivoto", "web-canary")
-        (rule,) = route.rules
-        weighted = rule.backends.random_available.backends
+            "linkerd.io", "ServiceProfile", "emojivoto", "web.emojivoto.svc.cluster.local")
+        catch_all = route.rules[-1]
+        weighted = catch_all.backends.random_available.backends
         assert [(b.weight, b.backend.backend.balancer.discovery.dst.path) for b in weighted] == [
-            (90, "web.emojivoto.svc.cluster.local:80"),
-            (10, "web-canary.emojivoto.svc.cluster.local:80")]
+            (9000, "web.emojivoto.svc.cluster.local:80"),
+            (1000, "web-canary.emojivoto.svc.cluster.local:80")]
 
         def retarget(doc: dict[str, Any]) -> dict[str, Any]:
-            if doc.get("kind") == "HTTPRoute":
-                refs = doc["spec"]["rules"][0]["backendRefs"]
-                refs[1] = {"name": "no-such-svc", "port": 80, "weight": 10}
+            if doc.get("kind") == "ServiceProfile" and doc["metadata"]["name"].startswith("web."):
+                doc["spec"]["dstOverrides"][1]["authority"] = \
+                    "no-such-svc.emojivoto.svc.cluster.local:80"
             return doc
 
         edit(demo_dir, retarget)
         pushed = await stream.next()
-        (rule,) = pushed.protocol.detect.http1.routes[0].rules
+        rule = pushed.protocol.detect.http1.routes[0].rules[-1]
         missing = rule.backends.random_available.backends[1]
         (failure,) = missing.backend.filters
         assert failure.failure_injector.status == 500
-        assert failure.failure_injector.message == "Service not found no-such-svc"
+        assert failure.failure_injector.message == "Service not found emojivoto/no-such-svc"
         assert missing.backend.backend.metadata.resource.name == "no-such-svc"
         assert missing.backend.backend.WhichOneof("kind") is None
         assert metadata_kinds_all_set(pushed) == []
         stream.cancel()
+
+
+async def test_a_route_edit_encodes_again_only_the_policies_of_its_own_port(
+    make_app: AppFactory, demo_dir: Path
+) -> None:
+    """Routes §4: an edit of web's HTTPRoute re-encodes web:80's policy once (its
+    watchers share it) and leaves catalog's, watched beside it, alone."""
+    app = await make_app(demo_dir)
+    service = app.service("policy")
+    async with channel_to(app) as ch:
+        web = [watch_addr(ch, "10.96.10.10", 80) for _ in range(3)]
+        catalog = watch_addr(ch, CATALOG_IP, 80)
+        for stream in [*web, catalog]:
+            await stream.next()
+        before = service.encodings
+
+        def reweigh(doc: dict[str, Any]) -> dict[str, Any]:
+            if doc.get("kind") == "HTTPRoute" and doc["metadata"]["name"] == "web-canary":
+                doc["spec"]["rules"][0]["backendRefs"][1]["weight"] = 20
+            return doc
+
+        assert edit(demo_dir, reweigh) == 1
+        await eventually(lambda: service.encodings > before,
+                         why="web's policy was not encoded again after its route's edit")
+        # The edit is applied in one call: everything it re-encodes is counted now.
+        assert service.encodings == before + 1
+        for stream in [*web, catalog]:
+            stream.cancel()
 
 
 async def test_an_address_outside_the_cluster_gets_the_egress_fallback(

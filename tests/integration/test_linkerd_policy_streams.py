@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from meshbridge.app import App
-from tests.integration.linkerd_support import channel_to
-from tests.integration.policy_client import CLIENT, watch_addr, watch_port
-from tests.polling import eventually
+from testkit.linkerd import channel_to
+from testkit.linkerd_policy import CLIENT, watch_addr, watch_port
+from testkit.polling import HANG, eventually
 
 AppFactory = Any
 
 
 def streams(app: App) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}/debug/streams",
-                                timeout=3) as r:
+                                timeout=HANG) as r:
         listed: list[dict[str, Any]] = json.loads(r.read())
         return listed
 

@@ -13,7 +13,7 @@ import structlog
 
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import address_text
-from tests.integration.linkerd_support import (
+from testkit.linkerd import (
     Stream,
     channel_to,
     edit,
@@ -22,7 +22,7 @@ from tests.integration.linkerd_support import (
     remove_objects,
     write_docs,
 )
-from tests.polling import eventually
+from testkit.polling import eventually
 
 AppFactory = Any
 

@@ -11,14 +11,14 @@ from typing import Any
 
 import grpc
 import pytest
-import yaml
 
 from bridge.authority import parse_authority
 from harness.clients import LinkerdClient, XdsClient
 from harness.normalize import NormalEndpoint, State
 from meshbridge.app import App
+from testkit.linkerd import drop_an_endpoint
+from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
-from tests.polling import eventually
 from xds_api.service import XdsOptions
 
 
@@ -57,7 +57,7 @@ def view_truth(app: App, target: str) -> State | None:
 
 
 async def converged(app: App, linkerd: LinkerdClient, xds: list[XdsClient],
-                    targets: list[str], timeout: float = 10.0) -> None:
+                    targets: list[str], timeout: float = HANG) -> None:
     bad: list[str] = []
 
     def agree() -> bool:
@@ -96,17 +96,10 @@ async def test_linkerd_and_xds_clients_hold_the_same_truth_through_churn(
             assert sizes["db-1.db.data.svc.cluster.local:5432"] == 1
             assert sizes["payments.shop.svc.cluster.local:8080"] == 0
             # Churn: scale catalog down by one endpoint, and mesh-out a web pod's proxy.
-            path = demo_dir / "20-shop.yaml"
-            docs = list(yaml.safe_load_all(path.read_text()))
-            for doc in docs:
-                if doc and doc.get("kind") == "EndpointSlice" and \
-                        doc["metadata"]["labels"].get("kubernetes.io/service-name") == "catalog":
-                    doc["endpoints"] = doc["endpoints"][1:]
-                    break
-            path.write_text(yaml.safe_dump_all(docs))
+            drop_an_endpoint(demo_dir, "shop", "catalog")
             before = view_truth(app, "catalog.shop.svc.cluster.local:80")
             await eventually(lambda: view_truth(app, "catalog.shop.svc.cluster.local:80")
-                             != before, 5, "the source did not see the edit")
+                             != before, HANG, "the source did not see the edit")
             await converged(app, linkerd, [sotw, delta], targets)
             assert len(linkerd.state["catalog.shop.svc.cluster.local:80"].state()) == 5
         finally:
@@ -134,7 +127,7 @@ async def test_a_node_sees_the_same_filtered_truth_over_both_protocols(
         try:
             await eventually(
                 lambda: all(len(c.state[t].state()) == n for c in clients
-                            for t, n in ((catalog, 2), (agent, 1))), 10,
+                            for t, n in ((catalog, 2), (agent, 1))), HANG,
                 lambda: str([sorted(c.state[t].state()) for c in clients for t in targets]))
             for t in targets:
                 assert all(x.state[t].state() == linkerd.state[t].state() for x in xds), t

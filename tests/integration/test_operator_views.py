@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import pytest
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from linkerd_api.proto import destination_pb2 as dst
 from meshbridge.app import App
+from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
 from tests.integration.test_admin_browser import dump_dom
-from tests.polling import eventually
 from xds_api import resource_types as rt
 from xds_api.service import XdsOptions
 
@@ -27,7 +28,7 @@ TOKEN = '{"ns":"emojivoto","nodeName":"node-a"}'
 
 
 def fetch(app: App, path: str) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}{path}", timeout=5) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{app.admin_port}{path}", timeout=HANG) as r:
         return str(r.read().decode())
 
 
@@ -64,7 +65,7 @@ async def test_syncz_the_page_and_status_show_both_clients_and_their_sync_state(
         make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
     app: App = await make_app(demo_dir)
     async for _ in clients(app):
-        await eventually(lambda: synced(app), 10, "both clients on /debug/syncz")
+        await eventually(lambda: synced(app), HANG, "both clients on /debug/syncz")
         syncz = json.loads(await asyncio.to_thread(fetch, app, "/debug/syncz"))
         (xds,) = [s for s in syncz if s["protocol"] == "xds-sotw"]
         eds = xds["types"]["eds"]
@@ -82,24 +83,52 @@ async def test_syncz_the_page_and_status_show_both_clients_and_their_sync_state(
         assert cells[4] == "2" and cells[6] != "-"  # ready endpoints, a View version
         assert "SYNCED" in dom and "SENT" in dom and "<th>ACKed</th>" in dom
 
-        out = await asyncio.to_thread(subprocess.run, [
-            sys.executable, "-m", "meshbridge", "status", "--server",
-            f"127.0.0.1:{app.admin_port}"], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        lines = out.stdout.splitlines()
-        assert lines[0].split() == ["ID", "PROTOCOL", "CLIENT", "PEER", "TYPE/TARGET", "SENT",
-                                    "ACKED", "STATE", "BEHIND"]
-        assert any("xds-sotw" in line and "eds" in line and "SYNCED" in line for line in lines)
-        assert any("linkerd-get" in line and WEB in line and "SENT" in line
-                   for line in lines)
+        # The same table from the gRPC port (istio.io/debug/syncz) and the admin port.
+        for where in (["--server", f"127.0.0.1:{app.grpc_port}"],
+                      ["--admin", f"127.0.0.1:{app.admin_port}"]):
+            out = await asyncio.to_thread(status, *where)
+            assert out.returncode == 0, out.stderr
+            lines = out.stdout.splitlines()
+            assert lines[0].split() == ["ID", "PROTOCOL", "CLIENT", "PEER", "TYPE/TARGET",
+                                        "SENT", "ACKED", "STATE", "BEHIND"]
+            assert any("xds-sotw" in line and "eds" in line and "SYNCED" in line
+                       for line in lines), (where, lines)
+            assert any("linkerd-get" in line and WEB in line and "SENT" in line
+                       for line in lines), (where, lines)
+            # The status client itself is no proxy: only the two clients are listed.
+            assert len(lines) == 3, (where, lines)
+
+        # Each address where the other is expected: one line naming what answered.
+        out = await asyncio.to_thread(status, "--server", f"127.0.0.1:{app.admin_port}")
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.count("\n") == 1 and "HTTP/1.1 server answered" in out.stderr \
+            and "--admin" in out.stderr, out.stderr
+        out = await asyncio.to_thread(status, "--admin", f"127.0.0.1:{app.grpc_port}")
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.count("\n") == 1 and "HTTP/2 server (gRPC) answered" in out.stderr \
+            and "--server" in out.stderr, out.stderr
 
 
-def test_status_without_a_server_is_one_line_and_exit_1() -> None:
-    out = subprocess.run([sys.executable, "-m", "meshbridge", "status", "--server",
+def status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshbridge", "status", *args,
+                           "--timeout", "60"], capture_output=True, text=True,
+                          timeout=2 * HANG)
+
+
+@pytest.mark.parametrize("flag", ["--server", "--admin"])
+def test_status_without_a_server_is_one_line_and_exit_1(flag: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "meshbridge", "status", flag,
                           "127.0.0.1:1", "--timeout", "2"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 1 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and "127.0.0.1:1" in out.stderr
+    assert "connection refused" in out.stderr
+
+
+def endpoints_table(dom: str) -> str:
+    """The page's endpoints table alone: the port's routes follow in a table of their
+    own, whose rows highlight where client kinds are told different routes."""
+    return dom.split('<table id="endpoints">', 1)[1].split("</table>", 1)[0]
 
 
 async def test_endpoints_page_puts_the_view_and_both_protocols_side_by_side_in_a_browser(
@@ -112,10 +141,12 @@ async def test_endpoints_page_puts_the_view_and_both_protocols_side_by_side_in_a
         tmp_path / "profile")
     assert "<th>core View</th><th>Linkerd Get stream</th><th>xDS ClusterLoadAssignment</th>" \
         in dom
-    rows = {r.split("</td>")[0]: r for r in dom.split('<tr class="')[1:]
+    endpoints = endpoints_table(dom)
+    assert '<table id="routes">' in dom.split('<table id="endpoints">', 1)[1]
+    rows = {r.split("</td>")[0]: r for r in endpoints.split('<tr class="')[1:]
             for r in [r.split("<td>", 1)[1]] if "</td>" in r}
     assert set(rows) == {"10.244.1.10:8080", "10.244.2.10:8080", "10.244.3.10:8080"}
-    ready = dom.split('<tr class="')[1:]
+    ready = endpoints.split('<tr class="')[1:]
     kinds = {r.split("<td>", 1)[1].split("</td>")[0]: r.split('"', 1)[0] for r in ready}
     assert kinds == {"10.244.1.10:8080": "same", "10.244.2.10:8080": "same",
                      "10.244.3.10:8080": "differ"}
@@ -133,6 +164,8 @@ async def test_endpoints_page_of_agreeing_protocols_says_so(
     dom = await asyncio.to_thread(
         dump_dom, f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={WEB}",
         tmp_path / "profile")
-    assert "every holder agrees" in dom and 'class="differ"' not in dom
+    endpoints = endpoints_table(dom)
+    assert '<b id="verdict">every holder agrees</b>' in dom
+    assert 'class="differ"' not in endpoints
     # The terminating pod is in the View, and neither protocol announces it.
-    assert dom.count('<td class="omitted">not announced</td>') == 2
+    assert endpoints.count('<td class="omitted">not announced</td>') == 2

@@ -12,10 +12,8 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,18 +31,20 @@ from linkerd_api.identity import IdentityOptions
 from meshbridge.app import App, ServeOptions
 from meshbridge.cli import parse_args
 from meshbridge.layers import protocol_layers
-from tests import polling
+from testkit import polling
+from testkit.envoy import envoy_binary
+from testkit.linkerd import Stream
+from testkit.net import free_port, http_text, ready
+from testkit.polling import HANG, eventually_seen, eventually_sync
+from testkit.processes import running
 from tests.conftest import AppFactory
-from tests.integration.envoy import envoy_binary
-from tests.integration.linkerd_support import Stream
 from tests.integration.test_linkerd_identity_tls import (
     certify_over,
     channel,
     served_certificate,
 )
 from tests.integration.test_xds_proxyless import PROBE, Probe, start_backends
-from tests.integration.xds_helpers import Manifests, eventually, service_with_addresses
-from tests.polling import eventually_sync
+from tests.integration.xds_helpers import Manifests, service_with_addresses
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "proxies"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -82,26 +82,6 @@ def command(script: str, program: str) -> list[str]:
     return words[1:]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        body: bytes = resp.read()
-        return body.decode()
-
-
-def answers(url: str) -> bool:
-    try:
-        http_get(url)
-        return True
-    except OSError:
-        return False
-
-
 # ----------------------------------------------------------------------------- Envoy
 
 
@@ -114,25 +94,15 @@ def meshbridge_serve() -> Iterator[tuple[int, int]]:
     args[args.index("--listen") + 1] = f"127.0.0.1:{grpc_port}"
     args[args.index("--admin") + 1] = f"127.0.0.1:{admin_port}"
     assert args[:3] == ["serve", "--source", "demo"]
-    proc = subprocess.Popen([sys.executable, "-m", "meshbridge.cli", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        eventually_sync(lambda: answers(f"http://127.0.0.1:{admin_port}/ready"), 30,
-                        "meshbridge serve ready")
+    with running([sys.executable, "-m", "meshbridge.cli", *args], lambda: ready(admin_port),
+                 "meshbridge serve ready", stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}):
         yield grpc_port, admin_port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def update_stats(admin: int) -> dict[str, int]:
     out = {}
-    for line in http_get(f"http://127.0.0.1:{admin}/stats?filter=update_(success|rejected)"
+    for line in http_text(f"http://127.0.0.1:{admin}/stats?filter=update_(success|rejected)"
                          ).splitlines():
         key, _, value = line.partition(": ")
         if value.strip().isdigit():
@@ -141,7 +111,7 @@ def update_stats(admin: int) -> dict[str, int]:
 
 
 def web_hosts(admin: int, name: str) -> list[str]:
-    data = json.loads(http_get(f"http://127.0.0.1:{admin}/clusters?format=json"))
+    data = json.loads(http_text(f"http://127.0.0.1:{admin}/clusters?format=json"))
     for status in data.get("cluster_statuses", []):
         if status["name"] == name:
             return [h["address"]["socket_address"]["address"]
@@ -159,6 +129,18 @@ def envoy_bootstrap(values: dict[str, str], api_type: str = "GRPC") -> str:
 
 
 @contextlib.contextmanager
+def outbound_envoy(grpc_port: int, workdir: Path) -> Iterator[int]:
+    """The page's Envoy (its run block's settings) fed by meshbridge on `grpc_port`;
+    yields the port of its outbound listener, where an app sends its requests."""
+    values = exports(block("envoy.md", "envoy-run"))
+    outbound = free_port()
+    values.update(MESHBRIDGE_PORT=str(grpc_port), OUTBOUND_PORT=str(outbound),
+                  ENVOY_ADMIN_PORT="0")
+    with envoy(envoy_bootstrap(values), workdir):
+        yield outbound
+
+
+@contextlib.contextmanager
 def envoy(bootstrap: str, workdir: Path) -> Iterator[int]:
     """A real Envoy on `bootstrap` (its admin port 0: --admin-address-path says which
     one it took); yields the admin port."""
@@ -167,23 +149,16 @@ def envoy(bootstrap: str, workdir: Path) -> Iterator[int]:
     config = workdir / "bootstrap.yaml"
     config.write_text(bootstrap)
     address, log = workdir / "admin-address", workdir / "envoy.log"
-    proc = subprocess.Popen(
-        [binary, "-c", str(config), "--admin-address-path", str(address),
-         "--disable-hot-restart", "--concurrency", "1", "--log-path", str(log),
-         "--drain-time-s", "0"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        eventually_sync(lambda: proc.poll() is not None or (
-            address.exists() and bool(address.read_text().strip())), 30, "Envoy's admin")
-        assert proc.poll() is None, log.read_text()[-3000:]
+    def admin_written() -> bool:
+        return address.exists() and bool(address.read_text().strip())
+
+    with running([binary, "-c", config, "--admin-address-path", address,
+                  "--disable-hot-restart", "--concurrency", "1", "--log-path", log,
+                  "--drain-time-s", "0"], admin_written,
+                 lambda: f"Envoy's admin; its log: {log.read_text()[-3000:]}",
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL):
         yield int(address.read_text().strip().rsplit(":", 1)[1])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 WEB = "web.emojivoto.svc.cluster.local:80"
@@ -207,34 +182,34 @@ def test_envoy_with_the_pages_bootstrap_gets_all_four_types_and_its_node_reaches
                     # EDS: Envoy counts a cluster's updates under its stat name
                     and f"cluster.{WEB.replace(':', '_')}.update_success" in success
                     and bool(web_hosts(admin, WEB)))
-        eventually_sync(every_type_accepted, 20,
+        eventually_sync(every_type_accepted, HANG,
                         lambda: f"CDS, LDS, RDS and EDS accepted: {update_stats(admin)}")
         rejected = {k: v for k, v in update_stats(admin).items()
                     if k.endswith("update_rejected") and v}
         assert rejected == {}
-        routes = json.loads(http_get(
+        routes = json.loads(http_text(
             f"http://127.0.0.1:{admin}/config_dump?resource=dynamic_route_configs"))
         [route] = routes["configs"]
         assert route["route_config"]["name"] == WEB
-        # The demo's canary HTTPRoute: the same 90/10 split a Linkerd proxy is told.
+        # web's ServiceProfile: the same 90/10 split a Linkerd proxy follows.
         clusters = route["route_config"]["virtual_hosts"][0]["routes"][0]["route"][
             "weighted_clusters"]["clusters"]
         assert [(c["name"], c["weight"]) for c in clusters] == [
-            (WEB, 90), (WEB.replace("web.", "web-canary."), 10)]
+            (WEB, 9000), (WEB.replace("web.", "web-canary."), 1000)]
 
         # The page's check: its /clusters grep finds the example line it shows.
         check = block("envoy.md", "envoy-check").splitlines()
         [grep] = [ln for ln in check if ln.startswith("curl -s localhost:15000/clusters")]
         pattern = shlex.split(grep.split("|", 1)[1])[-1]
         example = check[check.index(grep) + 1].removeprefix("#").split()[0]
-        lines = http_get(f"http://127.0.0.1:{admin}/clusters").splitlines()
+        lines = http_text(f"http://127.0.0.1:{admin}/clusters").splitlines()
         assert example in lines and re.search(pattern, example)
 
         # meshbridge saw the node: its id, and NODE_NAME picked a node-aware View.
         node_id = f"{values['POD_NAME']}.{values['POD_NAMESPACE']}"
-        streams = json.loads(http_get(f"http://127.0.0.1:{mesh_admin}/debug/streams"))
+        streams = json.loads(http_text(f"http://127.0.0.1:{mesh_admin}/debug/streams"))
         assert node_id in json.dumps(streams)
-        views = json.loads(http_get(f"http://127.0.0.1:{mesh_admin}/debug/views"))
+        views = json.loads(http_text(f"http://127.0.0.1:{mesh_admin}/debug/views"))
         assert any(v["authority"] == WEB and v["filter"]["node"] == values["NODE_NAME"]
                    for v in views), views
 
@@ -278,21 +253,17 @@ async def test_an_app_sending_to_the_pages_outbound_listener_reaches_the_service
         Manifests(manifests).write("web.yaml", service_with_addresses(
             ns, name, 80, backend_port, [(ip, "zone-a") for ip in ips], port_name="http"))
         app: App = await make_app(manifests)
-        values = exports(block("envoy.md", "envoy-run"))
-        outbound = free_port()
-        values.update(MESHBRIDGE_PORT=str(app.grpc_port), OUTBOUND_PORT=str(outbound),
-                      ENVOY_ADMIN_PORT="0")
-        with envoy(envoy_bootstrap(values), tmp_path):
+        with outbound_envoy(app.grpc_port, tmp_path) as outbound:
             seen: dict[str, int] = {}
 
             async def both() -> bool:
                 try:  # what the page says the application does: plain HTTP to the port
-                    who = await asyncio.to_thread(http_get, f"http://127.0.0.1:{outbound}/")
+                    who = await asyncio.to_thread(http_text, f"http://127.0.0.1:{outbound}/")
                 except OSError:
                     return False
                 seen[who] = seen.get(who, 0) + 1
                 return set(seen) == set(ips)
-            await polling.eventually(both, 20, lambda: f"both endpoints answer: {seen}")
+            await polling.eventually(both, HANG, lambda: f"both endpoints answer: {seen}")
     finally:
         for s in servers:
             s.close()
@@ -332,7 +303,7 @@ async def test_grpc_with_the_pages_bootstrap_and_target_reaches_the_services_bac
                 got = await probe.call(20)
                 return set(got["backends"]) == {"127.0.0.2", "127.0.0.3"} \
                     and not got["errors"], got
-            await eventually(both, 30.0, "RPCs reaching both backends", interval=0)
+            await eventually_seen(both, HANG, "RPCs reaching both backends", period=0)
             node_id = f"{values['POD_NAME']}.{values['POD_NAMESPACE']}"
             [stream] = [s for s in await app.stream_infos() if s.client == node_id]
             assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]

@@ -9,18 +9,20 @@ import sys
 from pathlib import Path
 
 from meshbridge.app import App
+from testkit.polling import HANG
 from tests.conftest import AppFactory
 
-CANARY_ROW = ("1. prefix / -> web.emojivoto.svc.cluster.local:80 90, "
-              "web-canary.emojivoto.svc.cluster.local:80 10  (HTTPRoute emojivoto/web-canary "
-              "rule 0)")
+# web's ServiceProfile routes it (Routes §7): its catch-all, after its two routes.
+SPLIT = "web.emojivoto.svc.cluster.local:80 9000, web-canary.emojivoto.svc.cluster.local:80 1000"
+CANARY_ROW = (f"prefix / -> {SPLIT}  (ServiceProfile emojivoto/web.emojivoto.svc.cluster.local "
+              "rule 2)")
 
 
 async def cli(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meshbridge.cli", *args, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    out, err = await asyncio.wait_for(proc.communicate(), 2 * HANG)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
@@ -30,14 +32,14 @@ async def test_policy_and_rds_print_the_same_route_table(demo_dir: Path,
     app: App = await make_app(demo_dir)
     server = f"127.0.0.1:{app.grpc_port}"
     code, policy, err = await cli("policy", "web.emojivoto:80", "--server", server,
-                                  "--count", "1", "--timeout", "20")
+                                  "--count", "1", "--timeout", "60")
     assert code == 0, err
     assert policy.splitlines()[0] == (
         "policy web.emojivoto.svc.cluster.local:80 (detect (http1, http2)):")
     assert CANARY_ROW in policy
     for client in ("envoy", "grpc"):
         code, rds, err = await cli("xds", "web.emojivoto:80", "--type", "rds", "--server",
-                                   server, "--count", "1", "--timeout", "20",
+                                   server, "--count", "1", "--timeout", "60",
                                    "--node-metadata", f"meshbridge.io/client={client}")
         assert code == 0, err
         assert CANARY_ROW in rds
@@ -67,7 +69,7 @@ async def test_debug_endpoints_shows_the_routes_of_each_client_kind_side_by_side
     def fetch(authority: str, fmt: str) -> str:
         url = (f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={authority}"
                f"&format={fmt}")
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(url, timeout=HANG) as resp:
             return str(resp.read().decode())
 
     async def get(authority: str, fmt: str = "json") -> str:
@@ -77,10 +79,12 @@ async def test_debug_endpoints_shows_the_routes_of_each_client_kind_side_by_side
     routes = doc["routes"]
     assert sorted(routes) == ["envoy", "grpc", "linkerd"]
     for kind in routes.values():
-        ((row,),) = [kind["rows"]]
-        assert row["to"] == ("web.emojivoto.svc.cluster.local:80 90, "
-                             "web-canary.emojivoto.svc.cluster.local:80 10")
-        assert kind["left_out"] == []
+        assert {row["to"] for row in kind["rows"]} == {SPLIT}
+    # Every kind is sent web's profile; what each cannot say is listed.
+    assert len(routes["envoy"]["rows"]) == len(routes["linkerd"]["rows"]) == 3
+    assert any("budget" in x for x in routes["envoy"]["left_out"])
+    assert any("GET method" in x for x in routes["grpc"]["left_out"])
+    assert any("order" in x for x in routes["linkerd"]["left_out"])
     # A mirror: Envoy is told it, gRPC and Linkerd are not, and the page says so.
     routes = json.loads(await get("catalog.shop.svc.cluster.local:80"))["routes"]
     assert any(n.startswith("mirror search.shop") for n in routes["envoy"]["rows"][0]["notes"])

@@ -5,7 +5,8 @@ redirect and header changes reach the client, an unmatched request is a 404 and 
 missing backend's share a 500 (Routes §1-3, xDS §4.6).
 
 `web` is a server on 127.0.0.2 and `web-v2` one on 127.0.0.3. Each answers with its
-address, the path and the `x-added` header it received; `/slow...` takes 3 s, and
+address, the path and the `x-added` header it received; `/slow...` is answered only
+when the servers close (so the rule's 300 ms is the only way it can end), and
 `/flaky...` answers 503 to every other request."""
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Any
 import pytest
 
 from meshbridge.app import App
+from testkit.polling import HANG, eventually
 from tests.conftest import AppFactory
-from tests.integration.test_proxy_docs import block, envoy, envoy_bootstrap, exports, free_port
+from tests.integration.test_proxy_docs import outbound_envoy
 from tests.integration.test_route_canary import NS
 from tests.integration.xds_helpers import Manifests, service_with_addresses
-from tests.polling import eventually
 
 WEB_IP, V2_IP = "127.0.0.2", "127.0.0.3"
 
@@ -35,6 +36,7 @@ class Backends:
         self.servers: list[asyncio.Server] = []
         self.port = 0
         self.flaky = 0
+        self.closing = asyncio.Event()  # what a /slow request waits for
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       ip: str) -> None:
@@ -46,7 +48,7 @@ class Backends:
                            (ln.partition(":") for ln in lines[1:] if ln)}
                 status = "200 OK"
                 if path.startswith("/slow"):
-                    await asyncio.sleep(3)
+                    await self.closing.wait()
                 if path.startswith("/flaky"):
                     self.flaky += 1
                     if self.flaky % 2:
@@ -70,10 +72,12 @@ class Backends:
                 return
             except OSError:
                 self.close()
+                self.closing.clear()  # the next attempt's servers are open
                 self.port = 0
         raise RuntimeError("no port free on both addresses")
 
     def close(self) -> None:
+        self.closing.set()
         for s in self.servers:
             s.close()
         self.servers = []
@@ -112,7 +116,7 @@ ROUTE = {
 
 def get(port: int, path: str, headers: dict[str, str] | None = None
         ) -> tuple[int, dict[str, str], str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG)
     try:
         conn.request("GET", path, headers=headers or {})
         resp = conn.getresponse()
@@ -136,18 +140,14 @@ async def test_a_real_envoy_does_what_each_rule_says(tmp_path: Path,
             NS, "web-v2", 80, backends.port, [(V2_IP, "zone-a")], port_name="http"))
         edits.write("route.yaml", [ROUTE])
         app: App = await make_app(manifests)
-        values = exports(block("envoy.md", "envoy-run"))
-        outbound = free_port()
-        values.update(MESHBRIDGE_PORT=str(app.grpc_port), OUTBOUND_PORT=str(outbound),
-                      ENVOY_ADMIN_PORT="0")
-        with envoy(envoy_bootstrap(values), tmp_path):
+        with outbound_envoy(app.grpc_port, tmp_path) as outbound:
             async def routed() -> bool:
                 try:
                     status, _, body = await asyncio.to_thread(get, outbound, "/app")
                 except OSError:
                     return False
                 return status == 200 and body.startswith(WEB_IP)
-            await eventually(routed, 30, "Envoy routes /app to web")
+            await eventually(routed, HANG, "Envoy routes /app to web")
 
             async def fetch(path: str, headers: dict[str, str] | None = None
                             ) -> tuple[int, dict[str, str], str]:

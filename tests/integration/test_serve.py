@@ -3,74 +3,39 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.polling import eventually_sync
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def ready(admin_port: int) -> bool:
-    try:
-        return http_get(f"http://127.0.0.1:{admin_port}/ready")[0] == 200
-    except OSError:
-        return False
+from meshbridge import cli
+from testkit.net import free_port, http_get, ready
+from testkit.polling import HANG
+from testkit.processes import running, stop
 
 
 def test_serve_runs_the_demo_reports_ready_and_exits_cleanly_on_sigterm() -> None:
     grpc_port, admin_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "meshbridge.cli",
-            "serve",
-            "--listen",
-            f"127.0.0.1:{grpc_port}",
-            "--admin",
-            f"127.0.0.1:{admin_port}",
-            "--log-format",
-            "json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
+    with running([sys.executable, "-m", "meshbridge.cli", "serve",
+                  "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}",
+                  "--log-format", "json"], lambda: ready(admin_port),
+                 # what must happen at all: start-up takes tens of seconds on a loaded machine
+                 "/ready never answered 200", timeout=120, stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True,
+                 env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
+        if "PYTHONMALLOC" not in os.environ:
+            # serve executed itself again on malloc (meshbridge.allocator): same process
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            assert b"PYTHONMALLOC=malloc" in environ
         assert http_get(f"http://127.0.0.1:{admin_port}/live")[0] == 200
         code, metrics = http_get(f"http://127.0.0.1:{admin_port}/metrics")
         assert code == 200 and "process_resident_memory_bytes" in metrics
         assert http_get(f"http://127.0.0.1:{admin_port}/nope")[0] == 404
-        with socket.create_connection(("127.0.0.1", grpc_port), timeout=2):
+        with socket.create_connection(("127.0.0.1", grpc_port), timeout=HANG):
             pass
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out = stop(proc)
     assert proc.returncode == 0
     # Every demo service port is announced with its endpoint count.
     assert '"service": "catalog"' in out and '"endpoints": 6' in out
@@ -96,24 +61,23 @@ def test_serve_refuses_a_folder_with_nothing_to_serve_in_one_line(
 
 def test_serve_on_uvloop_answers_an_xds_client_and_exits_cleanly_on_sigterm() -> None:
     grpc_port, admin_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "meshbridge.cli", "serve", "--event-loop", "uvloop",
-         "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        eventually_sync(lambda: ready(admin_port), 90, "/ready never answered 200")
+    with running([sys.executable, "-m", "meshbridge.cli", "serve", "--event-loop", "uvloop",
+                  "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}"],
+                 lambda: ready(admin_port), "/ready never answered 200", timeout=90,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                 env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
         got = subprocess.run(
             [sys.executable, "-m", "meshbridge.cli", "xds", "catalog.shop.svc.cluster.local:80",
              "--server", f"127.0.0.1:{grpc_port}", "--json", "--count", "1"],
             capture_output=True, text=True, timeout=60)
         assert got.returncode == 0, got.stderr
         assert '"address": "10.244.1.20"' in got.stdout
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        stop(proc)
     assert proc.returncode == 0
+
+
+def test_version_prints_the_package_version() -> None:
+    proc = subprocess.run([sys.executable, "-m", "meshbridge", "--version"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.strip() == f"meshbridge {cli.version()}"
+    assert cli.version() != "unknown"

@@ -36,6 +36,7 @@ from tests.integration.shadow_support import (
     WEB,
     ShadowRun,
     fields_of,
+    grpc_peer,
     non_equal,
     plant_authority_override,
     plant_opaque_annotation,
@@ -174,15 +175,8 @@ async def destination(gets: Mapping[str, Sequence[Step]],
     handlers: dict[str, Any] = {"Get": grpc.unary_stream_rpc_method_handler(get)}
     if profiles is not None:
         handlers["GetProfile"] = grpc.unary_stream_rpc_method_handler(get_profile)
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "io.linkerd.proxy.destination.Destination", handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0.2)
+    async with grpc_peer("io.linkerd.proxy.destination.Destination", handlers) as address:
+        yield address
 
 
 async def test_redundant_messages_empty_adds_and_a_refused_getprofile(tmp_path: Path) -> None:

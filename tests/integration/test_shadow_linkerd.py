@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import shutil
-import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -24,8 +22,8 @@ from bridge.model import MeshConfig, ServiceKey
 from linkerd_api.endpoint_streams import Semantics
 from linkerd_api.proto import destination_pb2
 from linkerd_api.service import LinkerdOptions
-from meshbridge.app import App
 from meshbridge.layers import layer
+from testkit.net import free_port
 from tests.conftest import AppFactory
 from tests.integration.shadow_support import (
     BILLING,
@@ -39,11 +37,16 @@ from tests.integration.shadow_support import (
     REPORTS,
     WEB,
     ShadowRun,
+    addr,
+    copy,
+    fields_of,
+    grpc_peer,
     non_equal,
     plant_external_name,
     plant_extra_endpoint,
     plant_identity,
     plant_missing_service,
+    plant_override_weight,
     restore,
 )
 
@@ -95,16 +98,9 @@ async def destination(scripts: Mapping[str, Sequence[Step]]) -> AsyncIterator[st
             yield step.SerializeToString()
         await asyncio.Event().wait()
 
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "io.linkerd.proxy.destination.Destination",
-        {"Get": grpc.unary_stream_rpc_method_handler(get)}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0.2)
+    async with grpc_peer("io.linkerd.proxy.destination.Destination",
+                         {"Get": grpc.unary_stream_rpc_method_handler(get)}) as address:
+        yield address
 
 
 async def test_the_two_semantics_are_told_apart_from_endpoint_differences(
@@ -189,15 +185,6 @@ def linkerd_layer() -> Any:
     return layer("linkerd_api.service")
 
 
-def addr(app: App) -> str:
-    return f"127.0.0.1:{app.grpc_port}"
-
-
-def copy(folder: Path, to: Path) -> Path:
-    shutil.copytree(folder, to)
-    return to
-
-
 @pytest.mark.parametrize("semantics", ["proto", "linkerd-2.20"])
 async def test_reports_exactly_the_planted_differences_and_their_removal(
         make_app: AppFactory, demo_dir: Path, tmp_path: Path, semantics: Semantics) -> None:
@@ -240,6 +227,38 @@ async def test_reports_exactly_the_planted_differences_and_their_removal(
     rc, summary = await run.finish()
     assert rc == 1
     assert [u["target"] for u in summary["unagreed"]] == [BILLING]
+
+
+async def test_routes_are_compared_field_by_field(
+        make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
+    """--routes: each target's OutboundPolicies answer too, every field. Planted: theirs'
+    web profile sends 20% to the canary; the profile routes web (Routes §7), so every
+    route of the policy carries the split (HTTP/1 and HTTP/2, the opaque route too),
+    and the profile says it once."""
+    linkerd_layer()
+    theirs_dir = copy(demo_dir, tmp_path / "theirs")
+    plant_override_weight(theirs_dir)
+    ours, theirs = await make_app(demo_dir), await make_app(theirs_dir)
+    run = ShadowRun("--api", "linkerd", "--ours", addr(ours), "--theirs", addr(theirs),
+                    "--all", "--routes", "--workload", '{"ns":"emojivoto","pod":"shadow"}')
+    latest = await run.until(run.settled, "every target compared")
+    found = non_equal(latest)
+    status, web = found.pop(WEB)
+    assert (status, found) == ("differs", {})
+    split = "backends.random_available.backends[1].weight"
+    detect = "policy.protocol.detect"
+    assert fields_of(web) == {
+        "profile.dst_overrides[1].weight": ("1000", "2000"),
+        f"{detect}.opaque.routes[0].rules[0].{split}": ("1000", "2000"),
+        **{f"{detect}.{proto}.routes[0].rules[{i}].{split}": ("1000", "2000")
+           for proto in ("http1", "http2") for i in range(3)}}
+    assert latest[WEB]["differences"] == [d for d in web if d["kind"] == "field"]
+
+    restore(theirs_dir, demo_dir, "10-emojivoto.yaml")
+    agreed = await run.until(partial(run.agreed, WEB), "web agrees again")
+    assert agreed[-1]["time_to_agree_ms"] > 0
+    rc, summary = await run.finish()
+    assert (rc, summary["ok"]) == (0, True)
 
 
 async def test_a_changed_weight_is_reported_on_exactly_the_weighted_endpoints(
@@ -314,9 +333,7 @@ async def test_bad_peers_are_reported_per_target_while_the_rest_compares(
     await run.finish()
 
     # A server that speaks only xDS, and one that is not there at all.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    closed = f"127.0.0.1:{free_port()}"
     for peer, code in ((addr(xds_only), "UNIMPLEMENTED"), (closed, "UNAVAILABLE")):
         run = ShadowRun("--api", "linkerd", "--ours", addr(ours), "--theirs", peer,
                         "--targets", str(targets))

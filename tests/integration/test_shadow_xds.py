@@ -4,26 +4,19 @@ manifest folders that differ in planted ways; and against bad peers."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import shutil
-import socket
 import sys
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 from envoy.config.endpoint.v3 import endpoint_pb2
-from envoy.service.discovery.v3 import discovery_pb2
 
-from harness.clients import ADS_SOTW, EDS_TYPE
 from harness.shadow.sides import LINKERD_METADATA
-from meshbridge.app import App
 from meshbridge.layers import layer
+from testkit.net import free_port
 from tests.conftest import AppFactory
 from tests.integration.shadow_support import (
     BILLING,
@@ -33,6 +26,8 @@ from tests.integration.shadow_support import (
     IDENTITY,
     WEB,
     ShadowRun,
+    addr,
+    copy,
     fields_of,
     non_equal,
     plant_external_name,
@@ -40,6 +35,7 @@ from tests.integration.shadow_support import (
     plant_identity,
     plant_missing_service,
     restore,
+    rewriting,
 )
 from xds_api.service import XdsOptions
 
@@ -50,21 +46,6 @@ pytestmark = pytest.mark.timeout(120)
 def make_app(make_app: AppFactory) -> AppFactory:
     # The compared fields (identity, hint, ...) travel in the linkerd metadata profile.
     return partial(make_app, layer_options=(XdsOptions(endpoint_metadata="linkerd"),))
-
-
-def addr(app: App) -> str:
-    return f"127.0.0.1:{app.grpc_port}"
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def copy(folder: Path, to: Path) -> Path:
-    shutil.copytree(folder, to)
-    return to
 
 
 @pytest.mark.parametrize("variant", ["sotw", "delta"])
@@ -132,7 +113,7 @@ async def test_a_live_change_on_one_side_converges_then_agrees(
     targets = tmp_path / "targets"
     targets.write_text(f"{BILLING}\n{WEB}\n")
     run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs),
-                    "--targets", str(targets), "--grace", "5")
+                    "--targets", str(targets), "--grace", "30")
     await run.until(lambda: (s := run.settled()) and not non_equal(s), "both equal")
 
     plant_extra_endpoint(demo_dir)
@@ -142,9 +123,11 @@ async def test_a_live_change_on_one_side_converges_then_agrees(
     agreed = await run.until(
         lambda: [e for e in run.events(BILLING) if e.get("time_to_agree_ms")],
         "theirs caught up")
-    # The grace (5 s) never ran out: the disagreement was never reported as one.
+    # The grace never ran out: the disagreement was never reported as one. (It is long
+    # so that a loaded machine's slow second edit cannot outlast it; waiting for the
+    # agreement ends the wait as soon as it comes.)
     assert [e["status"] for e in run.events(BILLING)] == ["equal", "converging", "equal"]
-    assert 0 < agreed[0]["time_to_agree_ms"] < 5000
+    assert 0 < agreed[0]["time_to_agree_ms"] < 30_000
     rc, summary = await run.finish()
     assert rc == 0
     assert summary["ok"] is True
@@ -156,7 +139,7 @@ async def test_an_unreachable_theirs_is_an_error_per_target(
     targets = tmp_path / "targets"
     targets.write_text(f"{WEB}\n{BILLING}\n")
     run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs",
-                    f"127.0.0.1:{closed_port()}", "--targets", str(targets))
+                    f"127.0.0.1:{free_port()}", "--targets", str(targets))
     def answered() -> dict[str, dict[str, object]] | None:
         # theirs fails at once; ours may answer later on a loaded machine
         latest = run.settled()
@@ -174,7 +157,8 @@ async def test_an_unreachable_theirs_is_an_error_per_target(
 async def test_a_server_without_xds_is_reported_unimplemented(
         make_app: AppFactory, demo_dir: Path, tmp_path: Path) -> None:
     ours = await make_app(demo_dir)
-    theirs = await make_app(demo_dir, layers=[layer("linkerd_api.service")])
+    # Linkerd's layer alone: no xDS options to give it.
+    theirs = await make_app(demo_dir, layers=[layer("linkerd_api.service")], layer_options=())
     targets = tmp_path / "targets"
     targets.write_text(f"{WEB}\n")
     run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", addr(theirs),
@@ -208,36 +192,11 @@ async def test_a_target_theirs_does_not_serve_is_missing_while_the_rest_compares
     await run.finish()
 
 
-@contextlib.asynccontextmanager
-async def foreign(upstream: str) -> AsyncIterator[str]:
-    """An xDS server that is not meshbridge: ADS passed through to `upstream`, with the
-    endpoint metadata only meshbridge sends taken out of every ClusterLoadAssignment."""
-    channel = grpc.aio.insecure_channel(upstream)
-
-    async def ads(requests: AsyncIterator[bytes],
-                  _context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        async for raw in channel.stream_stream(ADS_SOTW)(requests):
-            resp = discovery_pb2.DiscoveryResponse.FromString(raw)
-            for any_ in resp.resources:
-                if any_.type_url == EDS_TYPE:
-                    cla = endpoint_pb2.ClusterLoadAssignment.FromString(any_.value)
-                    for loc in cla.endpoints:
-                        for lb in loc.lb_endpoints:
-                            lb.ClearField("metadata")
-                    any_.value = cla.SerializeToString()
-            yield resp.SerializeToString()
-
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "envoy.service.discovery.v3.AggregatedDiscoveryService",
-        {"StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(ads)}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(0.2)
-        await channel.close()
+def without_metadata(cla: endpoint_pb2.ClusterLoadAssignment) -> None:
+    """What an xDS server that is not meshbridge sends: no endpoint metadata."""
+    for loc in cla.endpoints:
+        for lb in loc.lb_endpoints:
+            lb.ClearField("metadata")
 
 
 async def test_a_foreign_server_is_compared_on_what_both_carry(
@@ -250,7 +209,7 @@ async def test_a_foreign_server_is_compared_on_what_both_carry(
     ours, theirs = await make_app(demo_dir), await make_app(theirs_dir)
     targets = tmp_path / "targets"
     targets.write_text(f"{WEB}\n{CACHE}\n{BILLING}\n")
-    async with foreign(addr(theirs)) as theirs_addr:
+    async with rewriting(addr(theirs), without_metadata) as theirs_addr:
         run = ShadowRun("--api", "xds", "--ours", addr(ours), "--theirs", theirs_addr,
                         "--targets", str(targets))
         latest = await run.until(run.settled, "compared")
@@ -293,5 +252,5 @@ async def test_the_command_exits_zero_only_if_every_target_agrees(
     assert [u["target"] for u in lines[-1]["unagreed"]] == [BILLING]
 
     rc, _ = await _cli(*common, "--theirs", addr(theirs), "--ours",
-                       f"127.0.0.1:{closed_port()}", "--connect-timeout", "1")
+                       f"127.0.0.1:{free_port()}", "--connect-timeout", "1")
     assert rc == 2  # --all needs ours' CDS

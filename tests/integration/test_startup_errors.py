@@ -5,7 +5,6 @@ subprocess ends with a non-zero exit and one line on stderr that names the probl
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,10 +14,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from tests.integration import kubeapi
-from tests.integration.kubeapi import KubeAPIServer
-from tests.integration.test_serve import free_port, ready
-from tests.polling import eventually_sync
+from testkit import kubeapi
+from testkit.kubeapi import KubeAPIServer
+from testkit.net import free_port, ready
+from testkit.processes import running, stop
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -130,19 +129,15 @@ def test_an_identity_denied_only_pods_still_serves(
     admin_port = free_port()
     kc = kube_apiserver.token_kubeconfig_for(user)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MESHBRIDGE_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "meshbridge", "serve", "--source", "kube", "--kubeconfig",
-         str(kc), "--listen", "127.0.0.1:0", "--admin", f"127.0.0.1:{admin_port}",
-         "--log-format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
     try:
-        eventually_sync(lambda: ready(admin_port), 30, "/ready never answered 200")
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        with running([sys.executable, "-m", "meshbridge", "serve", "--source", "kube",
+                      "--kubeconfig", str(kc), "--listen", "127.0.0.1:0",
+                      "--admin", f"127.0.0.1:{admin_port}", "--log-format", "json"],
+                     lambda: ready(admin_port), "/ready never answered 200",
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                     env=environ) as proc:
+            out = stop(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         rbac.delete_cluster_role_binding(user)
         rbac.delete_cluster_role(user)
         api.close()
@@ -155,6 +150,19 @@ def test_a_busy_port_is_one_line_naming_the_flag_and_address(
         busy_port: int, flag: str) -> None:
     line = the_one_line(serve(flag, f"127.0.0.1:{busy_port}"))
     assert f"{flag} 127.0.0.1:{busy_port}" in line and "in use" in line
+
+
+def test_a_busy_webhook_port_is_one_line_naming_its_flag(busy_port: int,
+                                                         tmp_path: Path) -> None:
+    line = the_one_line(serve("--webhook-listen", f"127.0.0.1:{busy_port}", "--webhook-cert",
+                              str(tmp_path / "absent.crt"), "--webhook-key",
+                              str(tmp_path / "absent.key")))
+    assert f"--webhook-listen 127.0.0.1:{busy_port}" in line and "in use" in line
+
+
+def test_a_webhook_without_a_certificate_is_refused_at_start() -> None:
+    line = the_one_line(serve("--webhook-listen", "127.0.0.1:0"))
+    assert "--webhook-listen needs --webhook-cert/--webhook-key" in line
 
 
 @pytest.mark.parametrize("address", ["localhost", "localhost:http", "127.0.0.1:70000"])

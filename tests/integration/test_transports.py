@@ -10,8 +10,8 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from linkerd_api.proto import destination_pb2
+from testkit.linkerd import metric
 from tests.conftest import AppFactory
-from tests.integration.linkerd_support import metric
 
 WEB = "web.emojivoto.svc.cluster.local:80"
 GET = "/io.linkerd.proxy.destination.Destination/Get"

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from meshbridge.app import App
+from testkit.polling import HANG, eventually_seen
 from tests.conftest import AppFactory
-from tests.integration.xds_helpers import DEMO, Manifests, eventually
+from tests.integration.xds_helpers import DEMO, Manifests
 from xds_api.service import XdsOptions
 
 INSTANCE = "db-1.db.data.svc.cluster.local:5432"
@@ -23,7 +24,7 @@ CATALOG = "catalog.shop.svc.cluster.local:80"
 
 def endpoints_page(app: App, authority: str) -> dict[str, Any]:
     url = f"http://127.0.0.1:{app.admin_port}/debug/endpoints?authority={authority}&format=json"
-    with urllib.request.urlopen(url, timeout=5) as resp:
+    with urllib.request.urlopen(url, timeout=HANG) as resp:
         page: dict[str, Any] = json.loads(resp.read())
     return page
 
@@ -65,4 +66,4 @@ async def test_every_demo_target_is_one_truth_for_both_protocols(
         page = await same_truth(app, CATALOG)
         eps = set(page["protocols"]["xds"]["endpoints"])
         return "10.244.2.21:8080" not in eps and len(eps) == 5, sorted(eps)
-    await eventually(moved, 5.0, "catalog without 10.244.2.21 on both sides")
+    await eventually_seen(moved, HANG, "catalog without 10.244.2.21 on both sides")

@@ -15,8 +15,9 @@ import grpc
 import pytest
 
 from meshbridge.app import App
+from testkit.polling import HANG, eventually, eventually_seen
 from tests.conftest import AppFactory
-from tests.integration.xds_helpers import Manifests, eventually, service_with_addresses
+from tests.integration.xds_helpers import Manifests, service_with_addresses
 
 AUTHORITY = "echo.xdstest.svc.cluster.local:50051"
 PROBE = Path(__file__).with_name("grpc_xds_probe.py")
@@ -57,10 +58,13 @@ class Probe:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
 
-    async def call(self, n: int, method: str = "Who", *metadata: str) -> dict[str, Any]:
-        """n calls of /meshbridge.test.Echo/<method>, with KEY=VALUE metadata."""
+    async def call(self, n: int, method: str = "Who", *metadata: str,
+                   timed: bool = False) -> dict[str, Any]:
+        """n calls of /meshbridge.test.Echo/<method>, with KEY=VALUE metadata (`timed`:
+        and the slowest call's `seconds`)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"call {n} {method} {' '.join(metadata)}\n".encode())
+        command = "timed" if timed else "call"
+        self.proc.stdin.write(f"{command} {n} {method} {' '.join(metadata)}\n".encode())
         await self.proc.stdin.drain()
         line = await asyncio.wait_for(self.proc.stdout.readline(), 60)
         if not line:
@@ -77,18 +81,27 @@ async def backends() -> AsyncIterator[int]:
         await s.stop(None)
 
 
-async def start_probe(xds_port: int) -> asyncio.subprocess.Process:
+async def start_probe(xds_port: int, node_id: str = "proxyless-probe",
+                      authority: str = "", zone: str | None = "zone-a",
+                      metadata: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    """The probe process (PROBE) on `xds:///authority`, its bootstrap naming the node
+    (`id`, its locality's `zone` unless None, `metadata`) and meshbridge on `xds_port`."""
+    node: dict[str, Any] = {"id": node_id}
+    if zone is not None:
+        node["locality"] = {"zone": zone}
+    if metadata:
+        node["metadata"] = metadata
     bootstrap = {
         "xds_servers": [{"server_uri": f"127.0.0.1:{xds_port}",
                          "channel_creds": [{"type": "insecure"}],
                          "server_features": ["xds_v3"]}],
-        "node": {"id": "proxyless-probe", "locality": {"zone": "zone-a"}},
+        "node": node,
     }
     env = {**os.environ, "GRPC_XDS_BOOTSTRAP_CONFIG": json.dumps(bootstrap),
            "GRPC_VERBOSITY": "ERROR"}
     env.pop("GRPC_XDS_BOOTSTRAP", None)
     return await asyncio.create_subprocess_exec(
-        sys.executable, str(PROBE), f"xds:///{AUTHORITY}",
+        sys.executable, str(PROBE), f"xds:///{authority or AUTHORITY}",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
 
 
@@ -107,19 +120,29 @@ async def test_proxyless_grpc_reaches_both_backends_then_only_the_one_left(
         async def both() -> tuple[bool, Any]:
             got = await probe.call(20)
             return set(got["backends"]) == set(BACKENDS) and not got["errors"], got
-        await eventually(both, 30.0, "RPCs reaching both backends", interval=0)
+        await eventually_seen(both, HANG, "RPCs reaching both backends", period=0)
 
+        [stream] = [s for s in await app.stream_infos() if s.client == "proxyless-probe"]
+        eds = stream.types["eds"]
+        before = eds.last_sent_version
         edits.remove_endpoint("echo.yaml", "xdstest", "echo-1", "127.0.0.3")
+        # The client took the new assignment: meshbridge sent it and grpc ACKed it.
+        # grpc swaps its picker just after the ACK, so a few RPCs may still go to
+        # 127.0.0.3; a hundred in a row to 127.0.0.2 say the picker changed (with both
+        # backends still held, that happens by chance one time in 2**100).
+        await eventually(
+            lambda: eds.last_sent_version != before
+            and eds.last_ack_version == eds.last_sent_version, HANG,
+            "an ACKed EDS response after the edit")
 
         async def only_two() -> tuple[bool, Any]:
-            got = await probe.call(10)
-            return got["backends"] == {"127.0.0.2": 10}, got
-        await eventually(only_two, 10.0, "RPCs reaching only 127.0.0.2", interval=0)
+            got = await probe.call(100)
+            return got["backends"] == {"127.0.0.2": 100}, got
+        await eventually_seen(only_two, HANG, "RPCs reaching only 127.0.0.2", period=0)
         # From then on every RPC reaches the backend that is left.
         assert await probe.call(100) == {"backends": {"127.0.0.2": 100}, "errors": {}}
 
         # One ADS stream carried all four types, named explicitly, each ACKed.
-        [stream] = [s for s in await app.stream_infos() if s.client == "proxyless-probe"]
         assert stream.protocol == "xds-sotw"
         assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]
         for state in stream.types.values():

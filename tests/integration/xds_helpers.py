@@ -1,16 +1,14 @@
-"""What the xDS integration tests share: the demo's expected endpoints, manifest edits,
-and waiting on a condition with a deadline (never a bare sleep)."""
+"""What the xDS integration tests share: the demo's expected endpoints and manifest
+edits."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-
-from tests import polling
 
 # Every demo service port as an xDS cluster, written from bridge/sources/demo's manifests
 # (not computed by meshbridge): {name: {(ip, port): zone}}. The default View has no
@@ -56,20 +54,6 @@ DEMO_HTTP2 = {"emoji.emojivoto.svc.cluster.local:8080",
               "voting.emojivoto.svc.cluster.local:8080",
               "search.shop.svc.cluster.local:9091",
               "node-local-agent.shop.svc.cluster.local:4317"}
-
-
-async def eventually(probe: Callable[[], Awaitable[tuple[bool, Any]]], timeout: float,
-                     what: str, interval: float = 0.02) -> float:
-    """tests.polling.eventually for a probe that also says what it saw: `probe` returns
-    (ok, observed), and a missed deadline names the last observation."""
-    seen: list[Any] = [None]
-
-    async def check() -> bool:
-        ok, seen[0] = await probe()
-        return ok
-
-    return await polling.eventually(check, timeout, lambda: f"{what}; last seen: {seen[0]!r}",
-                                    interval)
 
 
 class Manifests:

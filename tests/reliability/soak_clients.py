@@ -13,7 +13,7 @@ import json
 import random
 import sys
 
-from bench.common import commands, out_line
+from testkit.processes import commands, out_line
 from tests.reliability.support import Fleet, Follower, sim_cluster, target
 
 

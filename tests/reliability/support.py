@@ -7,19 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from bench.common import StaticSource, serving_layers
 from bridge.authority import parse_authority
 from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
 from harness.clients import LinkerdClient, XdsClient
-from meshbridge.app import App, ServeOptions
-from meshbridge.limits import LOOPBACK_CROWD, Limits
-from tests.conftest import serving_workers
-from tests.polling import eventually
+from meshbridge.app import App
+from testkit.polling import eventually
 
 MODELS = ("linkerd", "sotw", "delta")
 
@@ -33,17 +30,6 @@ def sim_cluster(services: int = 10, endpoints: int = 10, seed: int = 1) -> SimCl
 def target(i: int, sim: SimCluster) -> str:
     svc = sim.services[i % len(sim.services)]
     return f"{svc.name}.{svc.namespace}.svc.cluster.local:8080"
-
-
-async def start_app(objects: Iterable[Any], listen: str = "127.0.0.1:0",
-                    **extra: object) -> App:
-    app = App(StaticSource(list(objects)), None,
-              ServeOptions(listen, "127.0.0.1:0", dict(extra),
-                           limits=Limits(max_streams_per_client=50_000,
-                                         h2=LOOPBACK_CROWD), workers=serving_workers()),
-              serving_layers())
-    await app.start()
-    return app
 
 
 def truth(app: App, authority: str) -> frozenset[str]:

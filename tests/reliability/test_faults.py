@@ -8,19 +8,20 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import sys
 from pathlib import Path
 
-from tests.polling import eventually
-from tests.reliability.support import Fleet, sim_cluster, start_app, target
+from testkit.net import free_port
+from testkit.polling import eventually
+from testkit.serving import serve_objects
+from tests.reliability.support import Fleet, sim_cluster, target
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 async def test_a_restart_under_a_thousand_clients_ends_with_each_holding_the_truth() -> None:
     sim = sim_cluster(services=10, endpoints=10)
-    app = await start_app(sim.initial_objects())
+    app = await serve_objects(sim.initial_objects())
     port = app.grpc_port
     fleet = Fleet(f"127.0.0.1:{port}", 1000, lambda i: target(i, sim))
     try:
@@ -33,7 +34,7 @@ async def test_a_restart_under_a_thousand_clients_ends_with_each_holding_the_tru
             sim._step_scale(sim.services[i % 10], up=i % 3 != 0)
         for svc in sim.services:
             svc.slices.clear()  # so the listing below has every slice, not only changes
-        app = await start_app(sim.initial_objects(), listen=f"127.0.0.1:{port}")
+        app = await serve_objects(sim.initial_objects(), listen=f"127.0.0.1:{port}")
         assert app.grpc_port == port
         await fleet.converged(app, 90)
         assert all(f.streams >= 2 for f in fleet.followers), "a client never reconnected"
@@ -47,7 +48,7 @@ async def test_a_restart_under_a_thousand_clients_ends_with_each_holding_the_tru
 
 async def test_clients_cancelling_mid_write_during_churn_leave_nothing_behind() -> None:
     sim = sim_cluster(services=4, endpoints=200)  # big messages: writes take a while
-    app = await start_app(sim.initial_objects())
+    app = await serve_objects(sim.initial_objects())
     server = f"127.0.0.1:{app.grpc_port}"
     stayers = Fleet(server, 30, lambda i: target(i, sim), channels=3)
     rng = random.Random(7)
@@ -84,12 +85,6 @@ async def test_clients_cancelling_mid_write_during_churn_leave_nothing_behind() 
     finally:
         await stayers.stop()
         await app.stop(grace=0.5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_sigterm_during_churn_ends_every_stream_cleanly_and_exits_zero(

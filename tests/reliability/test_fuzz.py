@@ -12,6 +12,7 @@ from pathlib import Path
 
 import h2.config
 import h2.connection
+import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
 from bridge.cluster import Cluster
@@ -19,7 +20,7 @@ from bridge.model import ServiceKey
 from bridge.sources.catalog import DEMO_DIR
 from bridge.sources.files import FilesSource
 from linkerd_api.proto import destination_pb2
-from tests.polling import eventually
+from testkit.polling import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "fuzz" / "fuzz_inputs.py"
@@ -76,6 +77,9 @@ def seeds(folder: Path) -> None:
         (folder / name).write_bytes(data)
 
 
+# The run's own guard (the subprocess timeout below), not pytest's default 300 s: the
+# count of inputs bounds the run, and on a loaded 2-core machine it takes longer.
+@pytest.mark.timeout(1800)
 def test_a_short_fuzz_run_finds_no_crash(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     seeds(corpus)

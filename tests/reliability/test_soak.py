@@ -19,10 +19,11 @@ import time
 from itertools import islice
 from pathlib import Path
 
-from bench.common import REPO, Child, rss_kib
 from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
-from tests.polling import eventually
-from tests.reliability.support import start_app, truth
+from testkit.polling import eventually
+from testkit.processes import REPO, Child, rss_kib
+from testkit.serving import serve_objects
+from tests.reliability.support import truth
 
 RATE = 40.0  # changes per second, at most
 CHANGES = int(os.environ.get("MESHBRIDGE_SOAK_CHANGES")
@@ -40,7 +41,7 @@ async def test_a_soak_with_churn_and_restarting_clients_converges_in_flat_memory
         namespaces=2, services=SERVICES, endpoints_per_service=10, zones=3),
         churn=Churn(rate=RATE, patterns={"rolling_restart": 3, "scale": 2, "flap": 1,
                                          "zone_loss": 0.1})))
-    app = await start_app(sim.initial_objects())
+    app = await serve_objects(sim.initial_objects())
     child = await _clients(f"127.0.0.1:{app.grpc_port}")
     samples: list[tuple[int, int]] = []  # (changes applied, RSS KiB)
     every = max(1, CHANGES // SAMPLES)

@@ -27,7 +27,7 @@ from google.protobuf import any_pb2
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.xds_support import CDS, EDS, World, name, resource_name, unpack
+from testkit.xds_model import CDS, EDS, World, name, resource_name, unpack
 
 SERVICES = ("web", "api", "ghost")  # ghost starts absent
 NAMES = (*(name(s) for s in SERVICES), name("web", port=81), "not-a-service-name")

@@ -15,17 +15,10 @@ from bridge.decoding import Meta
 from bridge.model import ClusterIdentity, MeshConfig, ServiceKey, ViewKey
 from bridge.views import ViewRegistry
 from bridge.views.metrics import ViewMetrics
-from tests.unit.builders import delete, endpoint, endpoint_slice, load, pod, service
+from testkit.builders import delete, endpoint, endpoint_slice, load, pod, service
+from testkit.recorders import ViewRecorder
 
 WEB = ServiceKey("app", "web")
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.versions: list[int] = []
-
-    def on_view_change(self, view: object, change: object) -> None:
-        self.versions.append(getattr(change, "version", 0))
 
 
 def test_two_clusters_in_one_process_keep_their_own_objects_and_name_their_views() -> None:
@@ -38,7 +31,7 @@ def test_two_clusters_in_one_process_keep_their_own_objects_and_name_their_views
     assert not local.pods and ("app", "web-1") in east.pods
 
     views = ViewRegistry(east, MeshConfig(), ViewMetrics(metrics))
-    view = views.subscribe(ViewKey(WEB, 80), Recorder(), "linkerd")
+    view = views.subscribe(ViewKey(WEB, 80), ViewRecorder(), "linkerd")
     assert view.cluster is east
     assert [e.endpoint.ip for e in view.snapshot.values()] == ["10.1.0.1"]
     labels = {"cluster": "east", "namespace": "app", "service": "web", "port": "80",

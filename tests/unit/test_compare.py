@@ -343,17 +343,6 @@ def test_the_metadata_profile_is_read_from_the_xds_options() -> None:
     assert metadata_profile(()) in ("none", "istio", "linkerd")
 
 
-def test_the_environment_block_names_commit_versions_cores_and_load() -> None:
-    from harness.compare import environment
-
-    env = environment.at_start(())
-    environment.at_end(env)
-    assert env["commit"] != "" and env["python"].startswith("3.")
-    assert env["grpcio"] not in ("", "absent") and env["cores"] >= 1
-    assert len(env["load_start"]) == len(env["load_end"]) == 3
-    assert env["xds_endpoint_metadata"]
-
-
 def test_models_agree_field_for_field_as_far_as_the_profile_carries_fields() -> None:
     from harness.compare.verdicts import field_groups
 

@@ -9,7 +9,7 @@ import pytest
 from bridge.cluster import Cluster
 from bridge.model import Endpoint, MeshConfig, ServiceKey, ViewKey
 from bridge.views import View, ViewChange, ViewRegistry
-from tests.unit.builders import endpoint, endpoint_slice, load, pod, service
+from testkit.builders import endpoint, endpoint_slice, load, pod, service
 
 
 class Sink:

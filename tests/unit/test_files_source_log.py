@@ -13,7 +13,7 @@ import yaml
 
 from bridge.cluster import Cluster
 from bridge.sources.files import FilesSource
-from tests.unit.builders import service
+from testkit.builders import service
 
 
 @pytest.fixture(autouse=True)

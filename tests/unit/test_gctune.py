@@ -1,19 +1,15 @@
-"""The collector settings `meshbridge serve` applies once synced, and that a stopped
-App can be collected (a process running Apps in turn must not keep them all)."""
+"""The collector settings `meshbridge serve` applies once synced (that a stopped App can
+be collected is tests/integration/test_app.py's)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from bridge.sources.files import FilesSource
 from meshbridge import gctune
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
 
 
 @pytest.fixture
@@ -57,15 +53,4 @@ def test_frozen_objects_are_still_freed_when_dropped(collector: None) -> None:
     ref = weakref.ref(held)
     gctune.settle_heap()
     del held  # reference counting, not the collector, frees it
-    assert ref() is None
-
-
-async def test_a_stopped_app_with_both_protocol_layers_is_freed(demo_dir: Path) -> None:
-    app = App(FilesSource(demo_dir, poll_interval=0.05),
-              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"), layers=protocol_layers())
-    await app.start()
-    await app.stop(grace=0.1)
-    ref = weakref.ref(app)
-    del app
-    gc.collect()
     assert ref() is None

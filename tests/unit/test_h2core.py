@@ -379,9 +379,13 @@ BUDGETS: list[tuple[str, H2Limits, Callable[[int], bytes], str]] = [
     ("rapid reset", H2Limits(max_resets=50), lambda i: f.frame(
         f.HEADERS, f.END_HEADERS, 3 + 2 * i, header_block(REQUEST)) + f.rst_stream(
         3 + 2 * i, f.CANCEL), "resets"),
-    ("malformed requests", H2Limits(max_failed_requests=50), lambda i: f.frame(
+    ("malformed requests", H2Limits(max_malformed_requests=50), lambda i: f.frame(
         f.HEADERS, f.END_HEADERS, 3 + 2 * i, header_block([*REQUEST, (b"Bad", b"x")])),
-     "failed_requests"),
+     "malformed_requests"),
+    ("streams beyond the concurrency limit", H2Limits(max_refused_streams=50,
+                                                      max_concurrent_streams=1),
+     lambda i: f.frame(f.HEADERS, f.END_HEADERS, 3 + 2 * i, header_block(REQUEST)),
+     "refused_streams"),
     ("PINGs with no data between", H2Limits(max_ping_strikes=2),
      lambda i: f.frame(f.PING, 0, 0, b"p" * 8), "pings"),
 ]
@@ -395,6 +399,49 @@ def test_a_flood_beyond_its_budget_gets_enhance_your_calm(
     p.request()  # stream 1, for the frames that need one
     _flood(p, frame, 60)
     assert _goaway_reason(p) == (f.ENHANCE_YOUR_CALM, reason), what
+
+
+def test_the_concurrency_limit_answers_before_the_failed_request_budget() -> None:
+    # h2spec's §5.1.2 case: the limit's worth of requests that all fail (the layer above
+    # counts each as it arrives), held open, then one more stream.
+    limit = 50
+    p = Peer(H2Limits(max_concurrent_streams=limit, max_failed_requests=10))
+    for i in range(limit):
+        out = p.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1 + 2 * i,
+                            header_block(REQUEST)))
+        assert rst_codes(out) == []
+        p.core.failed_request()
+    beyond = 1 + 2 * limit
+    out = p.raw(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, beyond, header_block(REQUEST)))
+    assert rst_codes(out) == [(beyond, f.REFUSED_STREAM)]
+    assert p.core.terminated is None
+    # The budget is still the full max_failed_requests beyond the concurrency.
+    for _ in range(10):
+        p.core.failed_request()
+    assert p.core.terminated is None
+    p.core.failed_request()
+    assert _goaway_reason(p) == (f.ENHANCE_YOUR_CALM, "failed_requests")
+
+
+def test_one_slice_handles_at_most_slice_requests_header_blocks() -> None:
+    p = Peer(H2Limits(slice_requests=100))
+    p.core.feed(b"".join(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1 + 2 * i,
+                                 header_block(REQUEST)) for i in range(250)))
+    assert p.core.process(1 << 20)  # more left for the next loop turn
+    assert len(p.events.requests) == 100
+    while p.core.process(1 << 20):
+        pass
+    assert len(p.events.requests) == 250
+
+
+def test_streams_refused_after_our_goaway_spend_no_budget() -> None:
+    p = Peer(H2Limits(max_refused_streams=5, max_failed_requests=5, max_concurrent_streams=5))
+    p.request()
+    p.core.go_away()
+    for i in range(30):  # sent before the client read the GOAWAY
+        out = p.raw(f.frame(f.HEADERS, f.END_HEADERS, 3 + 2 * i, header_block(REQUEST)))
+        assert rst_codes(out) == [(3 + 2 * i, f.REFUSED_STREAM)]
+    assert p.core.terminated is None
 
 
 def test_a_budget_counts_per_window_so_a_steady_client_never_reaches_it() -> None:

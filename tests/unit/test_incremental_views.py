@@ -36,7 +36,7 @@ from bridge.views import (
 from linkerd_api.endpoint_streams import UpdateEncoder
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.translate import MIRROR_CLUSTER_LABEL, Translator
-from tests.unit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
+from testkit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
 
 SVC = ServiceKey("app", "web")
 PODS = [f"web-{i}" for i in range(10)]

@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import ipaddress
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +16,7 @@ from linkerd_api.policy import inbound, outbound
 from linkerd_api.policy.outbound import ServiceTarget, UnknownTarget
 from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import outbound_pb2 as ob
-from tests.unit.builders import delete, load, pod, service
+from testkit.builders import delete, load, pod, service
 
 CONFIG = MeshConfig()
 NETS = tuple(ipaddress.ip_network(n) for n in outbound.DEFAULT_CLUSTER_NETWORKS)
@@ -409,17 +406,6 @@ def test_policy_kinds_have_tombstones() -> None:
                  "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication"):
         obj = tombstone(kind, "ns", "n")
         assert obj is not None and obj.kind == kind
-
-
-@pytest.mark.parametrize("first", ["bridge.policy_objects", "bridge.objects"])
-def test_either_object_module_may_be_imported_first(first: str) -> None:
-    code = (f"import {first}\n"
-            "from bridge.objects import decode_object\n"
-            "r = decode_object({'kind': 'GRPCRoute', 'metadata': {'name': 'a', "
-            "'namespace': 'b'}})\n"
-            "assert r is not None and r.kind == 'GRPCRoute'\n")
-    subprocess.run([sys.executable, "-c", code], check=True,
-                   cwd=Path(__file__).resolve().parents[2])
 
 
 def test_the_pods_http_probes_get_a_probe_route_from_the_probe_networks() -> None:

@@ -33,7 +33,7 @@ from linkerd_api.profiles import (
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.proto import http_types_pb2 as http
 from linkerd_api.translate import Translator
-from tests.unit.builders import decode, delete, endpoint, endpoint_slice, load, pod, service
+from testkit.builders import decode, delete, endpoint, endpoint_slice, load, pod, service
 
 SVC = ServiceKey("app", "web")
 FQN = "web.app.svc.cluster.local"

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from linkerd_api.queue import UpdateQueue
+from testkit.polling import HANG
 
 
 def msg(i: int) -> tuple[str, bytes]:
@@ -35,11 +36,11 @@ async def test_a_waiting_writer_is_woken_by_a_push_and_by_the_end() -> None:
     await asyncio.sleep(0)  # let it start waiting (scheduling, not synchronisation)
     assert not reader.done()
     q.push(msg(5))
-    assert await asyncio.wait_for(reader, 1) == msg(5)
+    assert await asyncio.wait_for(reader, HANG) == msg(5)
     reader = asyncio.create_task(q.next())
     await asyncio.sleep(0)
     q.end()
-    assert await asyncio.wait_for(reader, 1) is None
+    assert await asyncio.wait_for(reader, HANG) is None
     assert not q.overflowed
 
 

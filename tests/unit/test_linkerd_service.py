@@ -15,6 +15,7 @@ from bridge.sources.files import FilesSource
 from linkerd_api import errors
 from linkerd_api.profile_streams import EndpointProfileKey, ProfileStream, ServiceProfileKey
 from linkerd_api.service import (
+    LAYER,
     STATUS_OF,
     DestinationService,
     LinkerdOptions,
@@ -24,7 +25,9 @@ from linkerd_api.service import (
 )
 from meshbridge.app import App, ServeOptions
 from meshbridge.cli import parse_args
-from tests.unit.builders import load, pod, service
+from meshbridge.host import Host
+from testkit.builders import load, pod, service
+from testkit.recorders import HandlerRecorder
 
 
 def app_with(*layer_options: object) -> App:
@@ -32,14 +35,9 @@ def app_with(*layer_options: object) -> App:
                ServeOptions("127.0.0.1:0", "127.0.0.1:0", layer_options=layer_options))
 
 
-class Server:
-    """Takes the handlers a layer registers (no port)."""
-
-    def __init__(self) -> None:
-        self.handlers: list[Any] = []
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self.handlers.extend(handlers)
+def host(app: App) -> Host:
+    """What the App gives the destination layer."""
+    return app.host_for(LAYER)
 
 
 def test_serve_takes_the_semantics_and_queue_capacity_flags() -> None:
@@ -82,8 +80,8 @@ def test_bad_options_stop_the_layer_from_starting(options: dict[str, Any], reaso
 
 def test_the_layer_reads_its_options_from_the_host_and_keeps_its_service_there() -> None:
     app = app_with(LinkerdOptions("linkerd-2.20", 3))
-    server = Server()
-    register(app, server)
+    server = HandlerRecorder()
+    register(host(app), server)
     svc = app.service("linkerd")
     assert isinstance(svc, DestinationService)
     assert (svc.semantics, svc.capacity) == ("linkerd-2.20", 3)
@@ -92,14 +90,14 @@ def test_the_layer_reads_its_options_from_the_host_and_keeps_its_service_there()
 
 def test_without_options_the_layer_serves_the_defaults() -> None:
     app = app_with()
-    register(app, Server())
+    register(host(app), HandlerRecorder())
     svc = app.service("linkerd")
     assert (svc.semantics, svc.capacity) == ("proto", 100)
 
 
 async def test_stopping_the_host_closes_the_profile_registry() -> None:
     app = app_with()
-    register(app, Server())
+    register(host(app), HandlerRecorder())
     profiles = app.service("linkerd").profiles
     load(app.cluster, service("web"))
     key = ServiceProfileKey(ServiceKey("app", "web"), "web.app.svc.cluster.local", 80, "")
@@ -125,7 +123,7 @@ def test_every_refusal_has_exactly_one_status() -> None:
 
 def test_a_profile_stream_that_falls_behind_is_ended_counted_and_dropped() -> None:
     app = app_with()
-    svc = DestinationService(app, LinkerdOptions(stream_queue_capacity=1))
+    svc = DestinationService(host(app), LinkerdOptions(stream_queue_capacity=1))
     load(app.cluster, service("web"))
     key = ServiceProfileKey(ServiceKey("app", "web"), "web.app.svc.cluster.local", 80, "")
     stream = ProfileStream(svc.capacity, key, "ipv4:127.0.0.1:1", svc._profile_overflow)
@@ -142,7 +140,7 @@ def test_a_profile_stream_that_falls_behind_is_ended_counted_and_dropped() -> No
 
 def test_an_endpoint_profile_stream_that_falls_behind_is_counted_without_labels() -> None:
     app = app_with()
-    svc = DestinationService(app, LinkerdOptions(stream_queue_capacity=1))
+    svc = DestinationService(host(app), LinkerdOptions(stream_queue_capacity=1))
     stream = ProfileStream(1, EndpointProfileKey("10.0.0.1", 8080), "peer",
                            svc._profile_overflow)
     svc.profiles.subscribe(stream)

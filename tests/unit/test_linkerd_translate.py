@@ -14,7 +14,7 @@ from linkerd_api.endpoint_streams import Semantics, UpdateEncoder
 from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.proto import net_pb2 as net
 from linkerd_api.translate import Translator, address_text, http2_params, tcp_address
-from tests.unit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
+from testkit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
 
 KEY = ViewKey(ServiceKey("app", "web"), 80)
 

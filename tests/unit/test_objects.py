@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from bridge.objects import EndpointSlice, ObjectError, Pod, Service, decode_object
-from tests.unit.builders import endpoint, endpoint_slice, pod, service
+from testkit.builders import endpoint, endpoint_slice, pod, service
 
 
 def broken(raw: dict[str, Any], path: list[str | int], value: Any) -> dict[str, Any]:

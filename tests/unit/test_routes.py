@@ -18,7 +18,7 @@ from bridge.routes.table import RouteTable, RouteType
 from linkerd_api.policy import outbound
 from linkerd_api.policy.outbound import ServiceTarget
 from linkerd_api.proto import outbound_pb2 as ob
-from tests.unit.builders import delete, load, service
+from testkit.builders import delete, endpoint, endpoint_slice, load, service
 from xds_api.route_config import ClientKind, build_route_config
 
 WEB = ServiceKey("app", "web")
@@ -217,6 +217,23 @@ def test_a_route_edit_recomputes_only_the_ports_it_attaches_to(cluster: Cluster)
     delete(cluster, http_route("w"))
     assert index.port(WEB, 80) is None
     assert index.port(ServiceKey("app", "api"), 80) is not None
+
+
+def test_the_routes_a_change_concerns_are_told_and_an_endpoint_change_concerns_none(
+        cluster: Cluster) -> None:
+    load(cluster, http_route("w", to(("web", 1), ("later", 1))),
+         http_route("a", to(("api", 1)), parent="api"))
+    index = route_index(cluster)
+    told: list[frozenset[Any]] = []
+    index.add_routes_listener(told.append)
+    load(cluster, endpoint_slice("web-1", "web", [endpoint("10.0.0.1", None)]))
+    assert told == []  # endpoints are no route's business
+    load(cluster, svc("later"))  # w's backend appears: w is concerned, a is not
+    assert told == [frozenset({("GatewayHTTPRoute", "app", "w")})]
+    delete(cluster, http_route("a", to(("api", 1)), parent="api"))
+    assert told[1:] == [frozenset({("GatewayHTTPRoute", "app", "a")})]
+    assert index.route(("GatewayHTTPRoute", "app", "a")) is None
+    assert index.route_keys() == {("GatewayHTTPRoute", "app", "w")}
 
 
 def test_a_backend_service_appearing_resolves_its_share(cluster: Cluster) -> None:

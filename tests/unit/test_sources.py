@@ -15,8 +15,8 @@ from bridge.sources.base import SourceSpecError
 from bridge.sources.catalog import DEMO_DIR, make_source
 from bridge.sources.files import FilesSource
 from bridge.sources.sim import ScenarioError, SimCluster, SimSource, parse_scenario
-from tests.polling import eventually
-from tests.unit.builders import endpoint, endpoint_slice, pod, service
+from testkit.builders import endpoint, endpoint_slice, pod, service
+from testkit.polling import HANG, eventually
 
 
 def write(path: Path, *docs: object) -> None:
@@ -196,7 +196,7 @@ async def test_sim_source_builds_the_cluster_and_churns_at_its_rate() -> None:
     task = asyncio.create_task(source.run(cluster, synced))
     await synced.wait()
     assert len(cluster.services) == 5 and len(cluster.nodes) == 3
-    await asyncio.wait_for(source.finished.wait(), 5)
+    await asyncio.wait_for(source.finished.wait(), HANG)
     await task
     assert 40 <= len(emitted) <= 50  # 100/s for 0.5 s
 

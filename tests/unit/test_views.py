@@ -8,17 +8,10 @@ from bridge.authority import format_authority, parse_authority, view_authority
 from bridge.cluster import Cluster, ClusterChange, ListenerStage
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
 from bridge.views import Derivation, InvalidService, View, ViewChange, ViewRegistry
-from tests.unit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
+from testkit.builders import delete, endpoint, endpoint_slice, load, node, pod, service
+from testkit.recorders import ViewRecorder
 
 SVC = ServiceKey("app", "web")
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.changes: list[ViewChange] = []
-
-    def on_view_change(self, view: View, change: ViewChange) -> None:
-        self.changes.append(change)
 
 
 def setup(config: MeshConfig | None = None) -> tuple[Cluster, ViewRegistry]:
@@ -30,8 +23,9 @@ def ips(view: View) -> set[str]:
     return {r.endpoint.ip for r in view.snapshot.values()}
 
 
-def watch(reg: ViewRegistry, port: int = 80, fk: FilterKey | None = None) -> tuple[View, Recorder]:
-    rec = Recorder()
+def watch(reg: ViewRegistry, port: int = 80, fk: FilterKey | None = None,
+          ) -> tuple[View, ViewRecorder]:
+    rec = ViewRecorder()
     view = reg.subscribe(ViewKey(SVC, port, fk or FilterKey()), rec, "test")
     return view, rec
 
@@ -137,7 +131,7 @@ def test_dual_stack_pods_are_served_over_ipv6_when_both_families_exist() -> None
     load(cluster2, service("web"), pod("web-1", ["10.0.0.1", "fd00::1"]),
          endpoint_slice("web-v4", "web", [endpoint("10.0.0.1", "web-1")]),
          endpoint_slice("web-v6", "web", [endpoint("fd00::1", "web-1")], family="IPv6"))
-    view2 = reg2.subscribe(ViewKey(SVC, 80), Recorder(), "test")
+    view2 = reg2.subscribe(ViewKey(SVC, 80), ViewRecorder(), "test")
     assert ips(view2) == {"10.0.0.1"}
 
 
@@ -217,7 +211,7 @@ def test_a_thousand_subscribers_of_one_key_share_one_diff_per_change() -> None:
     cluster, reg = setup()
     load(cluster, service("web"), pod("web-1", "10.0.0.1"),
          endpoint_slice("web-a", "web", [endpoint("10.0.0.1", "web-1")]))
-    recorders = [Recorder() for _ in range(1000)]
+    recorders = [ViewRecorder() for _ in range(1000)]
     views = {id(reg.subscribe(ViewKey(SVC, 80), r, "test")) for r in recorders}
     assert len(views) == 1
     view = reg.view(ViewKey(SVC, 80))
@@ -301,13 +295,13 @@ def test_external_name_services_cannot_be_subscribed() -> None:
     cluster, reg = setup()
     load(cluster, service("mail", ports=[], type="ExternalName", externalName="smtp.example"))
     with pytest.raises(InvalidService):
-        reg.subscribe(ViewKey(ServiceKey("app", "mail"), 25), Recorder(), "test")
+        reg.subscribe(ViewKey(ServiceKey("app", "mail"), 25), ViewRecorder(), "test")
 
 
 def test_the_last_unsubscribe_drops_the_view() -> None:
     cluster, reg = setup()
     load(cluster, service("web"))
-    a, b = Recorder(), Recorder()
+    a, b = ViewRecorder(), ViewRecorder()
     key = ViewKey(SVC, 80)
     reg.subscribe(key, a, "test")
     reg.subscribe(key, b, "test")
@@ -353,7 +347,7 @@ def test_view_metrics_follow_subscribers_versions_and_size() -> None:
     labels = {"cluster": "local", "namespace": "app", "service": "web", "port": "80",
               "hostname": "", "nodename": "node-b"}
     key = ViewKey(SVC, 80, FilterKey(node_name="node-b"))
-    a, b = Recorder(), Recorder()
+    a, b = ViewRecorder(), ViewRecorder()
     reg.subscribe(key, a, "linkerd")
     reg.subscribe(key, b, "xds-sotw")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.unit.builders import load, service
-from tests.unit.xds_support import CDS, EDS, World, ips, name, unpack
+from testkit.builders import load, service
+from testkit.xds_model import CDS, EDS, World, ips, name, unpack
 
 WEB, API = name("web"), name("api")
 

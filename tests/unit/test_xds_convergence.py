@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.xds_support import (
+from testkit.xds_model import (
     CDS,
     EDS,
     LDS,
@@ -65,7 +65,28 @@ def truth(world: World, type_url: str, wanted: set[str], wildcard: bool,
     return out
 
 
-class SotwModel:
+class ClientModel:
+    """What a client holds, kept from every response it reads (and ACKs)."""
+
+    def take(self, resp: Any) -> None:
+        raise NotImplementedError
+
+    def responses(self) -> list[Any]:
+        raise NotImplementedError
+
+    def drain(self) -> int:
+        count = 0
+        for _ in range(10):
+            got = self.responses()
+            if not got:
+                return count
+            count += len(got)
+            for resp in got:
+                self.take(resp)
+        raise AssertionError("responses never stopped")
+
+
+class SotwModel(ClientModel):
     def __init__(self, client: SotwClient) -> None:
         self.client = client
         self.held: dict[str, dict[str, bytes]] = {t: {} for t in TYPES}
@@ -81,23 +102,17 @@ class SotwModel:
             self.held[type_url] = {n: v for n, v in self.held[type_url].items()
                                    if n in sub.names}
 
-    def drain(self) -> int:
-        count = 0
-        for _ in range(10):
-            got = self.client.responses()
-            if not got:
-                return count
-            count += len(got)
-            for resp in got:
-                t = resp.type_url
-                entries = {resource_name(unpack(a)): a.SerializeToString()
-                           for a in resp.resources}
-                if t in (CDS, LDS):
-                    self.held[t] = entries
-                else:
-                    self.held[t].update(entries)
-                self.client.ack(t, self.asked.get(t, []))
-        raise AssertionError("responses never stopped")
+    def responses(self) -> list[Any]:
+        return list(self.client.responses())
+
+    def take(self, resp: Any) -> None:
+        t = resp.type_url
+        entries = {resource_name(unpack(a)): a.SerializeToString() for a in resp.resources}
+        if t in (CDS, LDS):
+            self.held[t] = entries
+        else:
+            self.held[t].update(entries)
+        self.client.ack(t, self.asked.get(t, []))
 
     def check(self, world: World) -> None:
         for t in self.asked:
@@ -107,7 +122,7 @@ class SotwModel:
             assert have == want, (t, sorted(have), sorted(want))
 
 
-class DeltaModel:
+class DeltaModel(ClientModel):
     def __init__(self, client: DeltaClient) -> None:
         self.client = client
         self.held: dict[str, dict[str, bytes]] = {t: {} for t in TYPES}
@@ -131,21 +146,16 @@ class DeltaModel:
             self.held[type_url] = {n: v for n, v in self.held[type_url].items() if n in new}
         self.client.request(type_url, sub, unsub)
 
-    def drain(self) -> int:
-        count = 0
-        for _ in range(10):
-            got = self.client.responses()
-            if not got:
-                return count
-            count += len(got)
-            for resp in got:
-                held = self.held[resp.type_url]
-                for r in resp.resources:
-                    held[r.name] = r.resource.SerializeToString()
-                for n in resp.removed_resources:
-                    held.pop(n, None)
-                self.client.ack(resp.type_url)
-        raise AssertionError("responses never stopped")
+    def responses(self) -> list[Any]:
+        return list(self.client.responses())
+
+    def take(self, resp: Any) -> None:
+        held = self.held[resp.type_url]
+        for r in resp.resources:
+            held[r.name] = r.resource.SerializeToString()
+        for n in resp.removed_resources:
+            held.pop(n, None)
+        self.client.ack(resp.type_url)
 
     def check(self, world: World) -> None:
         for t in self.wanted:
@@ -154,12 +164,8 @@ class DeltaModel:
             assert self.held[t] == want, (t, sorted(self.held[t]), sorted(want))
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(steps, min_size=1, max_size=12))
-def test_a_sotw_client_converges_to_the_truth_and_then_hears_nothing(
-        script: list[tuple[Any, ...]]) -> None:
-    world = World(with_services=False)
-    model = SotwModel(world.sotw())
+def play(world: World, model: SotwModel | DeltaModel, script: list[tuple[Any, ...]]) -> None:
+    """Every step of `script`, the client checked against the truth after each."""
     for step in script:
         if step[0] == "subscribe":
             model.subscribe(step[1], step[2])
@@ -167,6 +173,15 @@ def test_a_sotw_client_converges_to_the_truth_and_then_hears_nothing(
             apply_step(world, step)
         model.drain()
         model.check(world)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(steps, min_size=1, max_size=12))
+def test_a_sotw_client_converges_to_the_truth_and_then_hears_nothing(
+        script: list[tuple[Any, ...]]) -> None:
+    world = World(with_services=False)
+    model = SotwModel(world.sotw())
+    play(world, model, script)
     for t in list(model.asked):
         model.client.ack(t, model.asked[t])
     assert model.drain() == 0
@@ -178,13 +193,7 @@ def test_a_delta_client_converges_to_the_truth_and_then_hears_nothing(
         script: list[tuple[Any, ...]]) -> None:
     world = World(with_services=False)
     model = DeltaModel(world.delta())
-    for step in script:
-        if step[0] == "subscribe":
-            model.subscribe(step[1], step[2])
-        else:
-            apply_step(world, step)
-        model.drain()
-        model.check(world)
+    play(world, model, script)
     for t in list(model.wanted):
         model.client.ack(t)
     assert model.drain() == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.xds_support import (
+from testkit.xds_model import (
     CDS,
     EDS,
     LDS,

@@ -9,7 +9,7 @@ import structlog
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from tests.unit.xds_support import (
+from testkit.xds_model import (
     EDS,
     LEDS,
     DeltaClient,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from tests.unit.xds_support import EDS, LEDS, DeltaClient, World, name
+from testkit.xds_model import EDS, LEDS, DeltaClient, World, name
 from xds_api.caches import leds as leds_cache
 from xds_api.names import leds_collection
 from xds_api.resources import MetadataEncoder

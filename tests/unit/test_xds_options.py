@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from meshbridge.writes import nowait_writer
+from meshbridge.host import nowait_writer
 from xds_api.service import DEFAULT_WRITE_TIMEOUT, XdsOptions, add_arguments, options_from_args
 
 

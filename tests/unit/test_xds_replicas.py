@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from tests.unit.xds_support import (
+from testkit.xds_model import (
     CDS,
     EDS,
     LDS,

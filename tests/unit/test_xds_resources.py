@@ -27,7 +27,7 @@ from bridge.model import (
     ViewKey,
 )
 from bridge.objects import ServicePort
-from tests.unit.xds_support import CDS, EDS, World, name, unpack
+from testkit.xds_model import CDS, EDS, World, name, unpack
 from xds_api import resources
 from xds_api.names import expand_short_name, parse_resource_name
 from xds_api.route_config import build_default_route

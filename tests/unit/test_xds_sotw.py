@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.builders import endpoint, endpoint_slice, load, pod
-from tests.unit.xds_support import (
+from testkit.builders import endpoint, endpoint_slice, load, pod
+from testkit.xds_model import (
     CDS,
     EDS,
     LDS,
@@ -365,9 +365,18 @@ def test_dropping_a_name_under_the_wildcard_resends_the_full_state() -> None:
 
 def test_answers_to_unknown_types_are_bounded_for_a_client_that_does_not_read() -> None:
     client = World().sotw()
-    for i in range(1000):
-        client.request(f"type.googleapis.com/spam.T{i}", ["x"], nonce="")
+    for _ in range(1000):  # one type asked again and again, nothing read
+        client.request("type.googleapis.com/spam.T", ["x"], nonce="")
     assert len(client.responses()) == 16
+
+
+def test_a_stream_inventing_types_is_ended_naming_the_seventeenth() -> None:
+    # xDS §9.1: 16 unserved types per stream, then INVALID_ARGUMENT naming the type.
+    client = World().sotw()
+    for i in range(16):
+        client.request(f"type.googleapis.com/spam.T{i}", ["x"], nonce="")
+    with pytest.raises(BadRequest, match=r"spam\.T16: more than 16 types"):
+        client.request("type.googleapis.com/spam.T16", ["x"], nonce="")
 
 
 def test_a_cluster_first_sent_under_the_wildcard_is_sent_again_when_named() -> None:

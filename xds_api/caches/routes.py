@@ -7,7 +7,8 @@ route model (bridge.routes) for the client kind and namespace that asks.
   it removed, once).
 * Content: a port without routes sends everything to its own cluster. A port with
   routes gets its table (Routes §1.2: the client namespace's consumer routes, else
-  the producer's) as Envoy is told it, or restricted to what grpc accepts (§3.8).
+  the producer's; a ServiceProfile's where one routes the port, Routes §7) as Envoy is
+  told it, or restricted to what grpc accepts (§3.8).
   Each variant is encoded once per route change, whatever the number of streams.
 """
 
@@ -37,7 +38,7 @@ log = structlog.get_logger("meshbridge.xds.routes")
 
 # A subscription's client kind (its node's, xds_api.node_identity) as a ClientKind.
 _KINDS = {kind.value: kind for kind in ClientKind}
-# (name, client kind, table group: "" for the producer's or a consumer namespace)
+# (name, client kind, table group: PortRoutes.group_of's key)
 VariantKey = tuple[str, ClientKind, str]
 
 
@@ -106,13 +107,12 @@ class RouteCache:
         if entry is None:
             return None
         port_routes = self.routes.port(entry.key.service, entry.key.port)
-        group = (client_namespace if port_routes is not None
-                 and client_namespace in port_routes.consumers else "")
+        group = port_routes.group_of(client_namespace) if port_routes is not None else ""
         key = (name, client, group)
         res = self._built.get(key)
         if res is not None:
             return key, res, self.left_out.get(key, ())
-        table = port_routes.table_for(group) if port_routes is not None else None
+        table = port_routes.table_of(group) if port_routes is not None else None
         if table is None:
             message = build_default_route(name)
             left_out: tuple[Unrepresentable, ...] = ()

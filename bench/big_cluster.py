@@ -1,0 +1,295 @@
+"""Big clusters: start-up, memory and first answers on a real API server full of pods.
+
+    python -m bench.big_cluster [--pods 10000,50000] [--runs 3] [--per-service 20]
+                                [--nodes 100] [--json]
+
+A real kube-apiserver (with its watch cache, as in a real cluster) and etcd
+(scripts/envtest.sh) are filled with a meshed cluster (bench/meshed_cluster.py:
+Linkerd-injected pods with the proxy's environment and owner references, their
+ReplicaSets, Services and EndpointSlices, Nodes), through the API. Then, per run,
+`meshbridge serve --source kube` starts as a fresh process (its imports count) and
+is measured from outside, as an operator would see it:
+
+    start-up      from the process's start to its admin port's /ready answering 200,
+                  and the CPU time the process used until then (user + system, every
+                  thread): on a loaded machine the wall time is mostly waiting for a
+                  core, the CPU time is the work
+    RSS ready     its resident memory at that moment (/proc/PID/status VmRSS), and
+                  its peak so far (VmHWM)
+    first answers one Linkerd `Get` stream per service, opened at once from a client
+                  process (bench/h2client.py); the time until every stream has had
+                  its first answer, and the server's RSS then
+
+Every row is the median of the runs. Linkerd 2.20's destination controller, measured
+with the same kind of probe on the same kind of cluster at 10,000 pods (issue 27):
+start-up 2.15 / 2.5 s, RSS once ready 350 / 342 MiB, with 500 `Get` streams 450 /
+440 MiB, first answers 0.93 / 0.53 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.common import print_json, row
+from testkit.processes import REPO, Child, commands, out_line
+
+TARGET_STARTUP_S = 2.5  # Linkerd's start-up at 10,000 pods (issue 27)
+TARGET_RSS_MIB = 171.0  # half of Linkerd's RSS once ready at 10,000 pods
+LINKERD = {"startup_s": (2.15, 2.5), "rss_ready_mib": (350, 342),
+           "rss_streams_mib": (450, 440), "first_answers_s": (0.93, 0.53)}
+GET = "/io.linkerd.proxy.destination.Destination/Get"
+
+
+def runtime_python() -> Path:
+    """A Python with meshbridge installed as the image installs it: its runtime
+    dependencies only and the package built from this tree, byte-compiled (pip's
+    default; the image's too), run from outside the tree. A development venv is not
+    what a deployment runs: with `rich` installed, for one, structlog imports it; and
+    on a machine that sets PYTHONDONTWRITEBYTECODE (this one does), an uncompiled
+    install compiles every module at every start (over a second of it). The venv is
+    kept under ~/.cache/meshbridge-bench-runtime, keyed by the dependency list;
+    meshbridge itself is reinstalled from the tree on every call."""
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    key = hashlib.sha256(json.dumps([sys.version_info[:2], sorted(deps)]).encode())
+    venv = Path.home() / ".cache" / "meshbridge-bench-runtime" / key.hexdigest()[:16]
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    done = venv / ".installed"
+    if not done.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([*pip, "setuptools>=77", "wheel", *deps], check=True)
+        done.touch()
+    subprocess.run([*pip, "--no-deps", "--no-build-isolation", "--force-reinstall",
+                    str(REPO)], check=True, capture_output=True)
+    return python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (every thread) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ready(admin: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
+            return int(r.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def targets(shape: Any) -> list[str]:
+    from bench.meshed_cluster import namespace_of, service_name
+
+    return [f"{service_name(s)}.{namespace_of(shape, s)}.svc.cluster.local:80"
+            for s in range(shape.services)]
+
+
+async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
+                  run: int) -> dict[str, Any]:
+    grpc_port, admin = free_port(), free_port()
+    log = workdir / f"serve-{shape.pods}-{run}.log"
+    with log.open("wb") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [str(python), "-m", "meshbridge.cli", "serve", "--source", "kube",
+             "--kubeconfig", str(kubeconfig), "--listen", f"127.0.0.1:{grpc_port}",
+             "--admin", f"127.0.0.1:{admin}", "--log-format", "json"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    child: Child | None = None
+    try:
+        deadline = started + 600
+        while not ready(admin):
+            if proc.poll() is not None:
+                raise RuntimeError(f"meshbridge exited with {proc.returncode}; see {log}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"meshbridge not ready within 600 s; see {log}")
+            await asyncio.sleep(0.01)  # polling /ready with a deadline
+        startup = time.monotonic() - started
+        cpu_ready = proc_cpu_s(proc.pid)
+        rss_ready = proc_kib(proc.pid, "VmRSS") / 1024
+        load = os.getloadavg()[0]
+        peak_ready = proc_kib(proc.pid, "VmHWM") / 1024
+        child = await Child.start("bench.big_cluster", "--server", f"127.0.0.1:{grpc_port}",
+                                  "--pods", str(shape.pods),
+                                  "--per-service", str(shape.pods_per_service))
+        answered = await child.line(timeout=600)
+        rss_streams = proc_kib(proc.pid, "VmRSS") / 1024
+        return {"startup_s": startup, "cpu_ready_s": cpu_ready, "load": load,
+                "rss_ready_mib": rss_ready,
+                "peak_ready_mib": peak_ready, "rss_streams_mib": rss_streams,
+                "first_answers_s": answered["seconds"], "streams": answered["answered"],
+                "log": str(log)}
+    finally:
+        if child is not None:
+            await child.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def measure(python: Path, pods: int, per_service: int, nodes: int,
+                  runs: int) -> dict[str, Any]:
+    from bench.meshed_cluster import Etcd, Rest, Shape, fill
+    from testkit.kubeapi import KubeAPIServer
+
+    shape = Shape(pods=pods, pods_per_service=per_service, nodes=nodes)
+    workdir = Path(tempfile.mkdtemp(prefix="meshbridge-bigcluster-"))
+    with KubeAPIServer(watch_cache=True, extra_apiserver_args=[
+            "--max-requests-inflight=1000", "--max-mutating-requests-inflight=1000"]) as api:
+        rest = Rest(api.url, api.token, str(api.ca_path), threads=16)
+        t0 = time.monotonic()
+        counts = await asyncio.to_thread(
+            fill, rest, Etcd(api.etcd_url), shape, 16,
+            lambda m: print(f"  filled {m}", file=sys.stderr))
+        filled = time.monotonic() - t0
+        print(f"  {pods:,} pods filled in {filled:.0f} s", file=sys.stderr)
+        results = []
+        for i in range(runs):
+            r = await one_run(python, api.kubeconfig_path, shape, workdir, i)
+            print(f"  run {i + 1}: ready in {r['startup_s']:.2f} s ({r['cpu_ready_s']:.2f} s "
+                  f"of CPU, load {r['load']:.1f}), RSS "
+                  f"{r['rss_ready_mib']:.0f} MiB (peak {r['peak_ready_mib']:.0f}), "
+                  f"{r['streams']} Get streams answered in {r['first_answers_s']:.2f} s, "
+                  f"RSS {r['rss_streams_mib']:.0f} MiB", file=sys.stderr)
+            results.append(r)
+    return {"pods": pods, "services": shape.services, "nodes": nodes, "objects": counts,
+            "fill_seconds": filled, "runs": results}
+
+
+def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for size in result["sizes"]:
+        runs, pods = size["runs"], size["pods"]
+        at10k = pods == 10_000
+        name = f"{pods:,} meshed pods, {size['services']:,} services"
+        out.append(row(name, "start-up to /ready", [r["startup_s"] for r in runs], "s",
+                       TARGET_STARTUP_S if at10k else None))
+        out.append(row(name, "CPU until /ready", [r["cpu_ready_s"] for r in runs], "s"))
+        out.append(row(name, "RSS once ready", [r["rss_ready_mib"] for r in runs], "MiB",
+                       TARGET_RSS_MIB if at10k else None))
+        out.append(row(name, "peak RSS until ready", [r["peak_ready_mib"] for r in runs],
+                       "MiB"))
+        out.append(row(name, f"RSS with one Get stream per service ({size['services']:,})",
+                       [r["rss_streams_mib"] for r in runs], "MiB"))
+        out.append(row(name, "first answers on those streams",
+                       [r["first_answers_s"] for r in runs], "s"))
+    out.extend(per_pod_rows(result["sizes"]))
+    return out
+
+
+def per_pod_rows(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a pod (with its share of services, slices and ReplicaSets) adds to the RSS
+    once ready, between each two sizes measured: the fixed cost falls out."""
+    out = []
+    for small, big in itertools.pairwise(sizes):
+        extra = big["pods"] - small["pods"]
+        per_run = [(b["rss_ready_mib"] - a["rss_ready_mib"]) * 1024 / extra
+                   for a, b in zip(small["runs"], big["runs"], strict=False)]
+        out.append(row(f"{small['pods']:,} -> {big['pods']:,} meshed pods",
+                       "RSS once ready per added pod", per_run, "KiB"))
+    return out
+
+
+async def run_client(server: str, names: list[str]) -> int:
+    """Open one Get stream per name at once; say when every one has had an answer."""
+    from bench.h2client import LeanConnection
+    from linkerd_api.proto import destination_pb2
+
+    host, port = server.rsplit(":", 1)
+    waiting: set[tuple[int, int]] = set()
+    done = asyncio.Event()
+
+    def on_message_of(ci: int) -> Any:
+        def on_message(sid: int, raw: bytes) -> None:
+            destination_pb2.Update.FromString(raw)
+            waiting.discard((ci, sid))
+            if not waiting:
+                done.set()
+        return on_message
+
+    def on_end(sid: int, status: str) -> None:
+        out_line(error=f"stream {sid} ended: {status}")
+
+    conns = [await LeanConnection.connect(host, int(port), on_message_of(ci), on_end)
+             for ci in range(min(10, len(names)))]
+    start = time.monotonic()
+    for i, name in enumerate(names):
+        request = destination_pb2.GetDestination(scheme="k8s", path=name).SerializeToString()
+        ci = i % len(conns)
+        waiting.add((ci, conns[ci].open(GET, request, end_stream=True)))
+    await asyncio.wait_for(done.wait(), 600)
+    out_line(seconds=time.monotonic() - start, answered=len(names))
+    reader = await commands()
+    await reader.read()  # until the parent closes stdin
+    for c in conns:
+        c.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.big_cluster", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pods", default="10000,50000", help="cluster sizes, comma-separated")
+    p.add_argument("--per-service", type=int, default=20, help="pods per service")
+    p.add_argument("--nodes", type=int, default=100)
+    p.add_argument("--runs", type=int, default=3, help="start-ups per size")
+    p.add_argument("--python", help="the Python to run meshbridge with (default: a venv "
+                   "of the runtime dependencies only, made once)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--server", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.client:
+        from bench.meshed_cluster import Shape
+
+        shape = Shape(pods=int(args.pods), pods_per_service=args.per_service)
+        return asyncio.run(run_client(args.server, targets(shape)))
+    python = Path(args.python) if args.python else runtime_python()
+    sizes = [asyncio.run(measure(python, int(n), args.per_service, args.nodes, args.runs))
+             for n in args.pods.split(",")]
+    result = {"sizes": sizes, "linkerd_at_10000": LINKERD}
+    if args.json:
+        print_json("big_cluster", rows(result), result)
+        return 0
+    for r in rows(result):
+        print(f"{r['name']}: {r['metric']}: {r['value']:.2f} {r['unit']} "
+              f"(runs {', '.join(f'{v:.2f}' for v in r['runs'])})")
+    print(json.dumps({"linkerd_at_10000": LINKERD}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The Kubernetes API's wire formats as the kube source reads them (bridge/sources/
+kube_wire.py), on bytes built here with the same schema. Nothing running; the real
+API server's bytes are read in tests/integration/test_kube_sync.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from typing import Any
+
+import pytest
+
+from bridge.decoding import SharedRaw
+from bridge.objects import Pod, Service, decode_object
+from bridge.sources import kube_wire
+from bridge.sources.kube import newest_update_time
+from bridge.sources.kube_proto import MESSAGES
+
+
+def body(kind: str, message: object) -> bytes:
+    """An object as the API server sends it: the magic, then an Unknown holding it."""
+    unknown = MESSAGES["Unknown"](raw=message.SerializeToString())  # type: ignore[attr-defined]
+    unknown.typeMeta.apiVersion, unknown.typeMeta.kind = "v1", kind
+    return kube_wire.MAGIC + bytes(unknown.SerializeToString())
+
+
+def pod(name: str, ip: str) -> object:
+    entry = MESSAGES["StringEntry"]
+    p = MESSAGES["Pod"]()
+    p.metadata.name, p.metadata.namespace, p.metadata.resourceVersion = name, "app", "7"
+    p.metadata.labels.extend(entry(key=k, value=v).SerializeToString()
+                             for k, v in (("app", "web"), ("linkerd.io/control-plane-ns",
+                                                             "linkerd")))
+    p.metadata.annotations.extend(entry(key=k, value=v).SerializeToString()
+                                  for k, v in (("config.linkerd.io/opaque-ports", "9090"),
+                                               ("linkerd.io/inject", "enabled")))
+    managed = p.metadata.managedFields.add(operation="Update")
+    managed.time.seconds = 1_700_000_000
+    container = MESSAGES["Container"](name="linkerd-proxy")
+    for k, v in (("LINKERD2_PROXY_INBOUND_LISTEN_ADDR", "[::]:4143"),
+                 ("LINKERD2_PROXY_LOG", "warn"), ("_pod_name", "")):
+        container.env.add(name=k, value=v)
+    container.ports.add(name="admin", containerPort=4191)
+    container.livenessProbe.handler.httpGet.path = "/live"
+    container.livenessProbe.handler.httpGet.port.intVal = 4191
+    p.spec.containers.append(container.SerializeToString())
+    p.spec.nodeName, p.status.phase = "n1", "Running"
+    p.status.podIPs.add(ip=ip)
+    return p
+
+
+def frame(etype: str, kind: str, message: object) -> bytes:
+    event = MESSAGES["WatchEvent"](type=etype)
+    event.object.raw = body(kind, message)
+    encoded = bytes(event.SerializeToString())
+    return struct.pack(">I", len(encoded)) + encoded
+
+
+def chunked(data: bytes, rng: random.Random) -> list[bytes]:
+    out, i = [], 0
+    while i < len(data):
+        n = rng.randint(1, 300)
+        out.append(data[i:i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_watch_frames_are_found_however_the_stream_is_cut(seed: int) -> None:
+    frames = [frame("ADDED", "Pod", pod(f"web-{i}", f"10.0.0.{i + 1}")) for i in range(20)]
+    end = MESSAGES["Pod"]()
+    end.metadata.resourceVersion = "99"
+    end.metadata.annotations.append(MESSAGES["StringEntry"](
+        key="k8s.io/initial-events-end", value="true").SerializeToString())
+    data = b"".join([*frames, frame("BOOKMARK", "Pod", end)])
+    events = list(kube_wire.watch_events("Pod", chunked(data, random.Random(seed)),
+                                         "application/vnd.kubernetes.protobuf;stream=watch"))
+    assert [e for e, _ in events] == ["ADDED"] * 20 + ["BOOKMARK"]
+    assert [raw["metadata"]["name"] for _, raw in events[:-1]] == [f"web-{i}"
+                                                                   for i in range(20)]
+    assert events[-1][1]["metadata"]["resourceVersion"] == "99"
+    assert events[-1][1]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+def test_a_protobuf_pod_decodes_to_what_its_json_decodes_to() -> None:
+    (_, raw), = kube_wire.watch_events("Pod", [frame("ADDED", "Pod", pod("web-1", "10.0.0.1"))],
+                                       kube_wire.PROTOBUF)
+    from_json = {"metadata": {
+        "name": "web-1", "namespace": "app", "resourceVersion": "7",
+        "labels": {"app": "web", "linkerd.io/control-plane-ns": "linkerd"},
+        "annotations": {"config.linkerd.io/opaque-ports": "9090", "linkerd.io/inject": "enabled"},
+        "managedFields": [{"operation": "Update", "time": "2023-11-14T22:13:20Z"}]},
+        "spec": {"nodeName": "n1", "containers": [{"name": "linkerd-proxy", "env": [
+            {"name": "LINKERD2_PROXY_INBOUND_LISTEN_ADDR", "value": "[::]:4143"},
+            {"name": "LINKERD2_PROXY_LOG", "value": "warn"},
+            {"name": "_pod_name", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+            "ports": [{"name": "admin", "containerPort": 4191}],
+            "livenessProbe": {"httpGet": {"path": "/live", "port": 4191}}}]},
+        "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.1"}]}}
+    assert decode_object(raw, kind="Pod") == decode_object(from_json, kind="Pod")
+    assert newest_update_time(raw) == newest_update_time(from_json) == 1_700_000_000
+
+
+def test_a_protobuf_service_decodes_with_its_selector_as_its_json_does() -> None:
+    entry = MESSAGES["StringEntry"]
+    svc = MESSAGES["Service"]()
+    svc.metadata.name, svc.metadata.namespace, svc.metadata.resourceVersion = "web", "app", "3"
+    svc.spec.selector.extend(entry(key=k, value=v).SerializeToString()
+                             for k, v in (("app", "web"), ("tier", "front")))
+    svc.spec.ports.add(name="http", port=80, protocol="TCP")
+    svc.spec.clusterIP = "10.96.0.7"
+    svc.spec.clusterIPs.append("10.96.0.7")
+    (_, raw), = kube_wire.watch_events("Service", [frame("ADDED", "Service", svc)],
+                                       kube_wire.PROTOBUF)
+    spec: dict[str, Any] = {
+        "selector": {"app": "web", "tier": "front"}, "clusterIP": "10.96.0.7",
+        "clusterIPs": ["10.96.0.7"], "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+    meta = {"name": "web", "namespace": "app", "resourceVersion": "3"}
+    from_json = {"metadata": meta, "spec": spec}
+    decoded = decode_object(raw, kind="Service")
+    assert decoded == decode_object(from_json, kind="Service")
+    assert isinstance(decoded, Service) and decoded.selector == {"app": "web", "tier": "front"}
+    # No selector and an empty one read alike (protobuf has no empty map).
+    del svc.spec.selector[:]
+    (_, raw), = kube_wire.watch_events("Service", [frame("ADDED", "Service", svc)],
+                                       kube_wire.PROTOBUF)
+    empties: tuple[dict[str, str] | None, ...] = ({}, None)
+    for empty in empties:
+        plain = {"metadata": meta, "spec": {**spec, "selector": empty}}
+        assert decode_object(raw, kind="Service") == decode_object(plain, kind="Service")
+
+
+def test_a_part_many_pods_share_is_read_and_decoded_once() -> None:
+    frames = b"".join(frame("ADDED", "Pod", pod(f"web-{i}", f"10.0.0.{i + 1}"))
+                      for i in range(3))
+    raws = [raw for _, raw in kube_wire.watch_events("Pod", [frames], kube_wire.PROTOBUF)]
+    containers = [raw["spec"]["containers"][0] for raw in raws]
+    assert all(type(c) is SharedRaw for c in containers)
+    assert containers[0] is containers[1] is containers[2]
+    pods = [decode_object(raw, kind="Pod") for raw in raws]
+    assert all(isinstance(p, Pod) for p in pods)
+    first, *rest = pods
+    assert isinstance(first, Pod)
+    for other in rest:
+        assert isinstance(other, Pod)
+        assert other.containers[0] is first.containers[0]
+        assert other.meta.labels is first.meta.labels
+
+
+def test_errors_say_why_in_either_encoding() -> None:
+    status = MESSAGES["Status"](status="Failure", message="watch list is off", code=422)
+    assert kube_wire.status_message(body("Status", status), kube_wire.PROTOBUF) == \
+        "watch list is off"
+    assert kube_wire.status_message(json.dumps({"message": "denied"}).encode(),
+                                    "application/json") == "denied"
+    assert kube_wire.status_message(b"<html>", "text/html") == ""
+    (etype, raw), = kube_wire.watch_events(
+        "Pod", [frame("ERROR", "Status", MESSAGES["Status"](code=410, message="too old"))],
+        kube_wire.PROTOBUF)
+    assert (etype, raw["code"], raw["message"]) == ("ERROR", 410, "too old")
+
+
+def test_a_json_watch_is_one_event_per_line_however_cut() -> None:
+    lines = [json.dumps({"type": "ADDED", "object": {"metadata": {"name": f"n{i}"}}})
+             for i in range(10)]
+    data = ("\n".join(lines) + "\n").encode()
+    events = list(kube_wire.watch_events("Node", chunked(data, random.Random(1)),
+                                         "application/json"))
+    assert [raw["metadata"]["name"] for _, raw in events] == [f"n{i}" for i in range(10)]
+
+
+def test_builtin_kinds_ask_for_protobuf_and_the_others_for_json() -> None:
+    for kind in ("Pod", "Service", "EndpointSlice", "Endpoints", "Node", "ReplicaSet", "Job"):
+        assert kube_wire.accept(kind).startswith(kube_wire.PROTOBUF)
+    assert kube_wire.accept("Server") == kube_wire.JSON
