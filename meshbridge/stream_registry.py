@@ -73,6 +73,8 @@ class StreamInfo:
     # yet converged on; 0 when it is caught up.
     pending_since: float = 0.0
     convergence: Any = None  # the histogram child, set by StreamRegistry.add
+    # The worker process serving it (`--workers N`), None in a process of its own.
+    worker: int | None = None
 
     def state(self, type_name: str) -> TypeState:
         st = self.types.get(type_name)
@@ -106,6 +108,10 @@ class StreamInfo:
         st = self.state(type_name)
         st.last_nack_error, st.last_nack_at = error, time.time()
 
+    def _worker_column(self) -> dict[str, int]:
+        # Only with workers: one process's pages stay as they were.
+        return {} if self.worker is None else {"worker": self.worker}
+
     @property
     def acks(self) -> bool:
         """Whether the protocol has ACKs (xDS) or not (Linkerd's destination API)."""
@@ -122,6 +128,7 @@ class StreamInfo:
         stream its equivalent): per type or target, version sent, version ACKed, state."""
         return {
             "id": self.id,
+            **self._worker_column(),
             "protocol": self.protocol,
             "peer": self.peer,
             "client": self.client,
@@ -141,6 +148,7 @@ class StreamInfo:
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            **self._worker_column(),
             "protocol": self.protocol,
             "peer": self.peer,
             "client": self.client,
@@ -166,8 +174,9 @@ class StreamInfo:
 
 class StreamRegistry:
     def __init__(self, metrics: prometheus_client.CollectorRegistry | None = None,
-                 first_id: int = 1) -> None:
+                 first_id: int = 1, worker: int | None = None) -> None:
         self._streams: dict[int, StreamInfo] = {}
+        self.worker = worker
         # A worker numbers its streams from a first id of its own, so that the ids
         # the watcher's pages list are unique across the processes.
         self._ids = itertools.count(first_id)
@@ -181,6 +190,7 @@ class StreamRegistry:
 
     def add(self, info: StreamInfo) -> StreamInfo:
         info.id = next(self._ids)
+        info.worker = self.worker
         if self.convergence is not None:
             info.convergence = self.convergence.labels(info.protocol)
         self._streams[info.id] = info

@@ -34,4 +34,6 @@ def workers_argument(text: str) -> int:
     try:
         return parse_workers(text)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--workers {text}: ")) from None
+        # argparse says "argument --workers: " before it; the value follows.
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: " + str(e).removeprefix(f"--workers {text}: ")) from None

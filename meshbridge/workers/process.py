@@ -91,7 +91,8 @@ class WorkerHost:
         self.metrics = prometheus_client.CollectorRegistry()
         prometheus_client.ProcessCollector(registry=self.metrics)
         prometheus_client.PlatformCollector(registry=self.metrics)
-        self.streams = StreamRegistry(self.metrics, first_id=(spec.index + 1) * STREAM_IDS)
+        self.streams = StreamRegistry(self.metrics, first_id=(spec.index + 1) * STREAM_IDS,
+                                      worker=spec.index)
         self.link = link
         self.stop_hooks: list[Callable[[], None]] = []
         self._services: dict[str, object] = {}
