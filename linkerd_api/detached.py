@@ -6,8 +6,9 @@ once (`write_nowait`), and a writer task exists only while the client is not tak
 what is written (a slow reader waits on `context.write`, and the queue's capacity
 still ends a stream that falls too far behind, Linkerd §3.1). The stream's end —
 its queue ended (shutdown, overflow, a federated Service gone) or the call ended
-from outside (reset, connection gone) — runs `on_over` once. An idle stream then
-holds its queue, its View subscription and the call: no task, no coroutine frames.
+from outside (reset, connection gone) — runs `on_over` once (the writer's books,
+then the handler's `released`). An idle stream then holds its queue, its View
+subscription and the call: no task, no coroutine frames.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ log = structlog.get_logger("meshbridge.linkerd")
 
 
 class DetachedWriter:
-    __slots__ = ("_context", "_on_over", "_task", "info", "over", "queue", "target")
+    __slots__ = ("_context", "_on_over", "_task", "info", "over", "queue", "released",
+                 "target")
 
     def __init__(self, queue: UpdateQueue, context: Any, info: StreamInfo, target: str,
-                 on_over: Callable[[DetachedWriter], None]) -> None:
+                 on_over: Callable[[DetachedWriter], None],
+                 released: Callable[[UpdateQueue], None]) -> None:
         self.queue = queue
         self.info = info
         self.target = target
         self._context = context
-        self._on_over = on_over
+        self._on_over = on_over  # the writer's books
+        self.released = released  # the handler's: what the stream subscribed to
         self._task: asyncio.Task[None] | None = None
         self.over = False
 
