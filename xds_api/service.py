@@ -494,7 +494,7 @@ class StreamRunner:
         self.info = StreamInfo(stream_cls.protocol, peer)
         certified = bool(context.auth_context().get("x509_pem_cert"))
         self.stream: XdsStream = stream_cls(
-            service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
+            service.cache, ads=ads, waker=self, metrics=service.metrics,
             max_names=service.max_names, peer=peer, info=self.info,
             debug=None if service.debug is None else service.debug.for_client(peer, certified),
             shared=service.shared)

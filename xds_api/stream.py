@@ -14,7 +14,7 @@ reader gets the latest state once it catches up, and memory per stream stays bou
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol, cast
 
@@ -95,6 +95,19 @@ def is_debug_type(type_url: str) -> bool:
     return type_url == DEBUG_TYPE or type_url.startswith(DEBUG_TYPE + "/")
 
 
+class Waker(Protocol):
+    def wake(self) -> None:
+        """Something may be due on the stream: write it soon."""
+
+
+class _NoWaker:
+    def wake(self) -> None:
+        pass
+
+
+_NO_WAKER = _NoWaker()
+
+
 class Resources(Protocol):
     """The resource cache, as a stream sees it: routed by the subscription's type."""
 
@@ -173,7 +186,7 @@ class XdsStream:
     """What SotW and delta streams share: node, nonces, subscriptions, watches."""
 
     # Thousands of these live at once; slots keep each one small.
-    __slots__ = ("_closed", "_node_seen", "_nonce", "_shared", "_unknown", "_wake", "ads",
+    __slots__ = ("_closed", "_node_seen", "_nonce", "_shared", "_unknown", "_waker", "ads",
                  "cache", "client", "debug", "info", "leds", "max_names", "metrics",
                  "namespace", "node_id", "node_labels", "node_name", "others", "peer", "subs")
     api = ""
@@ -184,7 +197,7 @@ class XdsStream:
         cache: Resources,
         *,
         ads: bool = True,
-        wake: Callable[[], None] | None = None,
+        waker: Waker | None = None,
         metrics: XdsMetrics | None = None,
         max_names: int = DEFAULT_MAX_NAMES,
         peer: str = "",
@@ -198,7 +211,9 @@ class XdsStream:
         self._shared = shared or UNSHARED
         # ADS serves every type and needs type_url; the EDS-only service implies it.
         self.ads = ads
-        self._wake = wake or (lambda: None)
+        # Told when something may be due (its runner); kept as the object, not a bound
+        # method of it: one allocation less per stream.
+        self._waker = waker or _NO_WAKER
         self.metrics = metrics or cache.metrics
         self.max_names = max_names
         self.peer = peer
@@ -218,7 +233,7 @@ class XdsStream:
         self._node_seen = False
         self.subs: dict[str, Subscription] = {}
         self._nonce = 0
-        self._unknown: list[bytes] = []
+        self._unknown: list[bytes] | None = None  # answers to unserved types, queued
         # §9.1: each type asked for that is not served -> (nonce of its last answer,
         # the names that answer was for).
         self.others: Mapping[str, tuple[str, tuple[str, ...]]] = _EMPTY
@@ -284,7 +299,7 @@ class XdsStream:
                 self._after_cluster_reply(changed)
         if self._unknown:
             out.extend(self._unknown)
-            self._unknown.clear()
+            self._unknown = None
         return out
 
     def _reply(self, sub: Subscription) -> Reply | Pending | None:
@@ -305,7 +320,7 @@ class XdsStream:
         if sub is None:
             return
         sub.dirty.add(name)
-        self._wake()
+        self._waker.wake()
 
     def endpoints_changed(self, name: str, view: View) -> None:
         sub = self.subs.get(rt.ENDPOINT)
@@ -314,7 +329,7 @@ class XdsStream:
         sub.dirty.add(name)
         if self.info is not None:
             self.info.changed(view.published_at)
-        self._wake()
+        self._waker.wake()
 
     # ------------------------------------------------------------ helpers
 
@@ -425,9 +440,11 @@ class XdsStream:
     def _answer_unknown(self, response: bytes) -> None:
         # The only responses ever queued: bounded, so that a client spamming unknown
         # types without reading cannot grow the stream.
+        if self._unknown is None:
+            self._unknown = []
         if len(self._unknown) < MAX_QUEUED_UNKNOWN:
             self._unknown.append(response)
-            self._wake()
+            self._waker.wake()
 
     def _answer_other_type(self, type_url: str, nonce: str, names: tuple[str, ...]
                            ) -> tuple[str, DebugReply] | None:
@@ -531,7 +548,7 @@ class SotwStream(XdsStream):
                     # An ACK that names what is subscribed changes no subscription
                     # (the usual request by far: one per response per stream).
                     if sub.dirty or sub.must_reply:
-                        self._wake()
+                        self._waker.wake()
                     return
         else:
             # §1.8(a): no nonce (or none of ours: nothing was sent for this type on
@@ -550,7 +567,7 @@ class SotwStream(XdsStream):
             sub.dirty.add(rt.WILDCARD)
         self._apply_watches(sub, change)
         if sub.dirty or sub.must_reply:
-            self._wake()
+            self._waker.wake()
 
     @staticmethod
     def ack_key(req: discovery_pb2.DiscoveryRequest) -> Hashable | None:
@@ -571,7 +588,7 @@ class SotwStream(XdsStream):
         sub.answered = nonce
         self._acked(sub, nonce, sub.version_sent if version == sub.version_sent else version)
         if sub.dirty or sub.must_reply:
-            self._wake()
+            self._waker.wake()
         return True
 
     def _refuse_delta_only(self, type_url: str) -> None:
@@ -651,7 +668,7 @@ class DeltaStream(XdsStream):
             # response per stream).
             self._acked(sub, req.response_nonce, sub.version_sent)
             if sub.dirty or sub.must_reply:
-                self._wake()
+                self._waker.wake()
             return
         subscribe = list(dict.fromkeys(map(sys.intern, req.resource_names_subscribe)))
         unsubscribe = list(dict.fromkeys(req.resource_names_unsubscribe))
@@ -674,7 +691,7 @@ class DeltaStream(XdsStream):
             sub.dirty.update(self.cache.wildcard_names(t))
         self._apply_watches(sub, change)
         if sub.dirty or sub.must_reply:
-            self._wake()
+            self._waker.wake()
 
     @staticmethod
     def ack_key(req: discovery_pb2.DeltaDiscoveryRequest) -> Hashable | None:
@@ -694,7 +711,7 @@ class DeltaStream(XdsStream):
             return False
         self._acked(sub, nonce, sub.version_sent)
         if sub.dirty or sub.must_reply:
-            self._wake()
+            self._waker.wake()
         return True
 
     def _initial_versions(self, sub: Subscription, req: discovery_pb2.DeltaDiscoveryRequest,

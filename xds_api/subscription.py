@@ -115,6 +115,11 @@ class HeldVersions(dict[str, str]):
 _VERSION_TEXTS: dict[int, str] = {}
 
 
+# Never written to (Subscription.leds_synced_to replaces it first); clear() and pop()
+# on it change nothing.
+_NOT_SYNCED: dict[str, tuple[object, int]] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class NameChange:
     added: frozenset[str]
@@ -175,7 +180,14 @@ class Subscription:
     # LEDS: collection -> (the View's member state, its version) that what the client
     # holds of the collection matches, so the next reply compares only what changed
     # since (caches/leds.py); dropped whenever anything else touches those members.
-    leds_synced: dict[str, tuple[object, int]] = field(default_factory=dict)
+    # The shared empty map until a LEDS reply records one (`leds_synced_to`): most
+    # subscriptions never do, and thousands of them live at once.
+    leds_synced: dict[str, tuple[object, int]] = field(default_factory=lambda: _NOT_SYNCED)
+
+    def leds_synced_to(self, collection: str, state: tuple[object, int]) -> None:
+        if self.leds_synced is _NOT_SYNCED:
+            self.leds_synced = {}
+        self.leds_synced[collection] = state
 
     @property
     def wildcard_capable(self) -> bool:

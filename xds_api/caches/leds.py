@@ -363,7 +363,7 @@ def members_reply(sub: Subscription, state_of: Callable[[str], MemberView | None
                         send.append(member)
                 elif name in sub.sent:
                     removed.append(name)
-        sub.leds_synced[collection] = (state, state.version)
+        sub.leds_synced_to(collection, (state, state.version))
     if not send and not removed and not sub.must_reply:
         return None
     return Reply(rt.LB_ENDPOINT, tuple(send), tuple(removed))
