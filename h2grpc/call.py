@@ -296,7 +296,8 @@ class ServerCall:
     def _deliver_to(self, on_message: Callable[[Any], bool], message: bytes) -> None:
         done = self._reader
         try:
-            finished = self._take(on_message, message)
+            finished = on_message(message if self._deserializer is None
+                                  else self._deserializer(message))
         except Exception as e:  # the handler's to report: it is raised in read_into
             self._on_message = _drop
             if self.detached:

@@ -294,7 +294,7 @@ class XdsStream:
             self.metrics.pushes[t].inc()
             self.metrics.push_bytes[t].inc(len(data))
             if self.info is not None:
-                self.info.sent(rt.short_name(t), version, nonce, len(data))
+                self.info.sent(rt.SHORT[t], version, nonce, len(data))
             if changed:
                 self._after_cluster_reply(changed)
         if self._unknown:
@@ -407,7 +407,7 @@ class XdsStream:
         sub.acked_version = version
         sub.acks += 1
         if self.info is not None:
-            self.info.acked(rt.short_name(sub.type_url), version)
+            self.info.acked(rt.SHORT[sub.type_url], version)
 
     def _log_nack(self, sub: Subscription, nonce: str, version: str, code: int,
                   message: str) -> None:

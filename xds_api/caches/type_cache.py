@@ -157,7 +157,12 @@ def sotw_reply(cache: ReplySource, sub: Subscription) -> Reply | None:
         return Reply(t, tuple(current[n] for n in sorted(current)))
     # §1.6: EDS/RDS responses carry only what changed or was newly asked for.
     due = []
-    for name in sorted(sub.dirty & sub.names):
+    dirty = sub.dirty
+    if len(dirty) == 1:  # one change to one name: the fan-out's usual case
+        names = [name for name in dirty if name in sub.names]
+    else:
+        names = sorted(dirty & sub.names)
+    for name in names:
         res = cache.resource(sub, name)
         if res is not None and sub.sent.get(name) != res.version:
             due.append(res)
