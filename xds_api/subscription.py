@@ -120,6 +120,25 @@ _VERSION_TEXTS: dict[int, str] = {}
 _NOT_SYNCED: dict[str, tuple[object, int]] = {}
 
 
+# SotW name sets by value: thousands of streams naming the same few resources keep
+# one frozen set (small sets only; bounded, cleared when full).
+_NAME_SETS: dict[frozenset[str], frozenset[str]] = {}
+_MAX_NAME_SETS = 4096
+_SHARED_SET_SIZE = 16
+
+
+def _shared_names(names: set[str]) -> frozenset[str]:
+    frozen = frozenset(names)
+    if len(frozen) > _SHARED_SET_SIZE:
+        return frozen
+    known = _NAME_SETS.get(frozen)
+    if known is None:
+        if len(_NAME_SETS) >= _MAX_NAME_SETS:
+            _NAME_SETS.clear()
+        known = _NAME_SETS[frozen] = frozen
+    return known
+
+
 @dataclass(frozen=True, slots=True)
 class NameChange:
     added: frozenset[str]
@@ -139,7 +158,9 @@ class Subscription:
     named_before: bool = False
     # §1.5: the resources asked for by name; the server must remember them even when
     # they do not exist yet, and send them when they appear (§1.7).
-    names: set[str] = field(default_factory=set)
+    # SotW keeps a frozen set, one object for every stream that names the same few
+    # (`_shared_names`); delta changes its set in place, a set of its own.
+    names: set[str] | frozenset[str] = field(default_factory=set)
     # go-control-plane's returnedResources: name -> version the client was last sent
     # (SotW), or holds (delta, seeded from initial_resource_versions on reconnect).
     # A name leaving the subscription leaves this map, so asking again resends it.
@@ -210,7 +231,7 @@ class Subscription:
                 wanted.discard(rt.WILDCARD)
         added = frozenset(wanted - self.names)
         removed = frozenset(self.names - wanted)
-        self.names = wanted
+        self.names = _shared_names(wanted)
         if self.wildcard:
             if removed:
                 # §1.6: under `*` the client still holds what it stopped naming; the
@@ -283,12 +304,15 @@ class Subscription:
                 self.wildcard = False
         added: set[str] = set()
         removed: set[str] = set()
+        names = self.names
+        if not isinstance(names, set):
+            names = self.names = set(names)
         for name in unsubscribe:
             if name == rt.WILDCARD and self.wildcard_capable:
                 continue
-            if name not in self.names:
+            if name not in names:
                 continue  # §2: unsubscribing from what is not subscribed is ignored
-            self.names.discard(name)
+            names.discard(name)
             removed.add(name)
             if self.wildcard:
                 # §2: with `*` still on, the client must be told whether the wildcard
@@ -302,9 +326,9 @@ class Subscription:
                 continue
             if name in removed:
                 removed.discard(name)
-            elif name not in self.names:
+            elif name not in names:
                 added.add(name)
-            self.names.add(name)
+            names.add(name)
             self.dirty.add(name)
             if not (first and name in (initial_versions or {})):
                 # §2: a name in resource_names_subscribe is sent even if the client
