@@ -77,9 +77,12 @@ class Watcher:
         return await pool.start()
 
     async def stop(self, grace: float) -> None:
-        if self.pool is not None:
-            await self.pool.stop(grace)
-            self.pool.counts.close()
+        """Stop the workers and free what they shared; once (an App may be stopped
+        again, by a test and its fixture, say: the second stop finds nothing to do)."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await pool.stop(grace)
+            pool.counts.close()
 
     async def stream_infos(self) -> list[StreamInfo]:
         """Every worker's client streams (the watcher's own are the relayed ones)."""
