@@ -97,7 +97,9 @@ class Arrivals:
         if count == 1:
             self._first_at[n] = now
         if count == self.streams:
-            out_line(run=n, first=self._first_at[n], last=now)
+            # The client's own CPU so far: between two runs it does nothing but take
+            # one change (decode, ACK), so the difference is its CPU per change.
+            out_line(run=n, first=self._first_at[n], last=now, cpu=time.process_time())
 
 
 async def run_client(args: argparse.Namespace) -> int:
@@ -340,7 +342,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         tracemalloc.stop()
         (n1, rss1, heap1), (n2, rss2, heap2) = readings
         svc = sim.services[0]
-        latencies, firsts, cpu_ms = [], [], []
+        latencies, firsts, cpu_ms, client_cpu_ms = [], [], [], []
+        client_cpu: float | None = None
         profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
             await eventually(idle, 120, "server idle before a run", period)
@@ -352,6 +355,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             got = await child.line()
             cpu_ms.append((await server_cpu(app) - cpu0) * 1000)
             assert got["run"] == run, got
+            if client_cpu is not None and "cpu" in got:
+                client_cpu_ms.append((got["cpu"] - client_cpu) * 1000)
+            client_cpu = got.get("cpu")
             latencies.append((got["last"] - t0) * 1000)
             firsts.append((got["first"] - t0) * 1000)
         profile.save()
@@ -367,6 +373,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "endpoints": args.endpoints, "runs": args.runs,
         "all_received_ms": latencies, "first_received_ms": firsts,
         "server_cpu_ms": cpu_ms,
+        # The load client's CPU per change (runs 2 on; it shares the cores).
+        "client_cpu_ms": client_cpu_ms,
         "memory_per_idle_stream_kib": (rss2 - rss1) / (n2 - n1),
         "python_heap_per_idle_stream_kib": ((heap2 - heap1) / 1024 / (n2 - n1)
                                             if args.trace_memory else None),
@@ -402,7 +410,9 @@ def report(result: dict[str, Any]) -> str:
         f"(min {min(lat):.1f}, max {max(lat):.1f})",
         f"  first stream has it: median {statistics.median(result['first_received_ms']):.1f}"
         " ms",
-        f"  server CPU per change: median {statistics.median(result['server_cpu_ms']):.1f} ms",
+        f"  server CPU per change: median {statistics.median(result['server_cpu_ms']):.1f} ms"
+        + (f"; the load client's: {statistics.median(result['client_cpu_ms']):.1f} ms"
+           if result.get("client_cpu_ms") else ""),
         f"  memory per idle stream: {result['memory_per_idle_stream_kib']:.1f} KiB "
         f"(server RSS {result['server_rss_mib']['start']:.0f} -> "
         f"{result['server_rss_mib']['all']:.0f} MiB)"
