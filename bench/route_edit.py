@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 import time
@@ -53,6 +54,21 @@ def service(name: str, ip: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
             "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80,
                                                  "targetPort": 8080}]}}
+
+
+def canary_weight(run: int) -> int:
+    """The canary's weight after edit `run` (0: the route the server starts with)."""
+    return 20 if run % 2 else 10
+
+
+def canary_seen(rows: list[Any]) -> int | None:
+    """The canary backend's weight in a route table's rows (RouteRow.to is
+    "web... 90, web-canary... 10"), None if no row names it."""
+    for r in rows:
+        found = re.search(r"web-canary\S* (\d+)", r.to)
+        if found:
+            return int(found.group(1))
+    return None
 
 
 def route(canary_weight: int) -> dict[str, Any]:
@@ -81,36 +97,61 @@ def decoded(docs: list[dict[str, Any]]) -> list[KubeObject]:
 async def run_client(args: argparse.Namespace) -> int:
     """One client process: `--streams` streams of one `--kind` over `--channels`
     connections. For every edit it reports when its first and its last stream decoded
-    the new message, and the CPU it spent since the previous report."""
+    the new message, how many messages did not say what the edit says, and the CPU it
+    spent since the previous report."""
+    from envoy.config.route.v3 import route_pb2
     from envoy.service.discovery.v3 import discovery_pb2
 
     from bench.h2client import LeanConnection
+    from linkerd_api.policy.text import policy_rows
     from linkerd_api.proto import outbound_pb2 as ob
+    from xds_api.route_text import route_config_rows
 
     host, port = args.server.rsplit(":", 1)
     rds = args.kind == "rds"
     seen: dict[tuple[int, int], int] = {}
     received: dict[int, int] = {}
     first_at: dict[int, float] = {}
+    wrong: dict[int, int] = {}
+    # Per edit, the content (RouteConfiguration or OutboundPolicy bytes) whose canary
+    # weight was checked in full: every other stream's must be the same bytes.
+    checked: dict[int, bytes] = {}
     opened = 0
     ready = asyncio.Event()
     conns: list[LeanConnection] = []
     Response, Request = discovery_pb2.DiscoveryResponse, discovery_pb2.DiscoveryRequest
     cpu_before = cpu_seconds()
 
+    def says_edit(n: int, raw: bytes, message: Any) -> bool:
+        """Whether a stream's message of edit `n` has its canary weight: checked in full
+        once per edit, then as the same bytes (an RDS response's RouteConfiguration
+        is found within it; it differs from the others only in its nonce)."""
+        known = checked.get(n)
+        if known is not None and (known in raw if rds else known == raw):
+            return True
+        if rds:
+            content = message.resources[0].value if message.resources else b""
+            rows = route_config_rows(route_pb2.RouteConfiguration.FromString(content))
+        else:
+            content, rows = raw, policy_rows(message)[1]
+        if canary_seen(rows) != canary_weight(n):
+            return False
+        checked.setdefault(n, content)
+        return True
+
     def on_message_of(ci: int) -> Any:
         def on_message(sid: int, raw: bytes) -> None:
             nonlocal opened, cpu_before
-            now = time.monotonic()
             key = (ci, sid)
             n = seen[key] = seen.get(key, -1) + 1
+            message: Any = (Response if rds else ob.OutboundPolicy).FromString(raw)
+            now = time.monotonic()  # decoded
             if rds:
-                resp = Response.FromString(raw)
                 conns[ci].send(sid, Request(
-                    type_url=RDS, resource_names=[TARGET], version_info=resp.version_info,
-                    response_nonce=resp.nonce).SerializeToString())
-            else:
-                ob.OutboundPolicy.FromString(raw)
+                    type_url=RDS, resource_names=[TARGET], version_info=message.version_info,
+                    response_nonce=message.nonce).SerializeToString())
+            if not says_edit(n, raw, message):
+                wrong[n] = wrong.get(n, 0) + 1
             if n == 0:
                 opened += 1
                 if opened == args.streams:
@@ -121,7 +162,7 @@ async def run_client(args: argparse.Namespace) -> int:
             if count == args.streams:
                 cpu = cpu_seconds()
                 out_line(run=n, kind=args.kind, first=first_at[n], last=now,
-                         cpu_ms=(cpu - cpu_before) * 1000)
+                         wrong=wrong.get(n, 0), cpu_ms=(cpu - cpu_before) * 1000)
                 cpu_before = cpu
         return on_message
 
@@ -141,7 +182,7 @@ async def run_client(args: argparse.Namespace) -> int:
             conns[ci].open(WATCH, spec.SerializeToString(), end_stream=True)
     await asyncio.wait_for(ready.wait(), 300)
     cpu_before = cpu_seconds()
-    out_line(ready=args.streams)
+    out_line(ready=args.streams, wrong=wrong.get(0, 0))
     reader = await commands()
     await reader.read()  # until the parent closes stdin
     for c in conns:
@@ -205,14 +246,16 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         children = await start_clients(args, f"127.0.0.1:{app.grpc_port}")
         for c in children:
-            await c.line()  # every stream of that process holds its first answer
+            # Every stream of that process holds its first answer.
+            first = await c.line()
+            assert not first["wrong"], f"{first['wrong']} first answers without the route"
         await eventually(lambda: len(xds.runners) >= args.streams
                          and len(policy.streams) >= args.streams and idle(), 120,
                          "streams open and idle")
         profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
             await eventually(idle, 120, "server idle before a run")
-            edit = decoded([route(20 if run % 2 else 10)])
+            edit = decoded([route(canary_weight(run))])
             rds0, pol0 = rds_encodings(), policy.encodings
             cpu0, thread0 = cpu_seconds(), time.thread_time()
             t0 = time.monotonic()
@@ -231,6 +274,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             for k in KINDS:
                 mine = [g for g in got if g["kind"] == k]
                 assert all(g["run"] == run for g in mine), mine
+                # Every stream's message says what the edit says (canary weight).
+                assert not any(g["wrong"] for g in mine), mine
                 figures[k]["first_ms"].append((min(g["first"] for g in mine) - t0) * 1000)
                 figures[k]["last_ms"].append((max(g["last"] for g in mine) - t0) * 1000)
                 figures[k]["client_cpu_ms"].append(sum(g["cpu_ms"] for g in mine))

@@ -50,8 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = ["NACKED", "NOT_SENT", "STALE", "SYNCED", "DebugAccess", "GrpcServer", "Host",
            "Layer", "LayerError", "LayerHooks", "NowaitWriter", "Renderer", "RouteRenderer",
-           "StreamInfo", "StreamRegistry", "check_hooks", "nowait_writer",
-           "split_listen_address"]
+           "Sender", "StreamInfo", "StreamRegistry", "check_hooks", "nowait_writer",
+           "sender", "split_listen_address"]
 
 T = TypeVar("T")
 
@@ -84,6 +84,27 @@ NowaitWriter = Callable[[bytes], bool]
 
 def _never(message: bytes) -> bool:
     return False
+
+
+# () -> None: write what the call's connection has queued now (see `sender`).
+Sender = Callable[[], None]
+
+
+def _nothing() -> None:
+    pass
+
+
+def sender(context: object) -> Sender:
+    """The call's "write what is queued now" if its server has one, else a no-op.
+
+    The native server writes what one loop turn queued on a connection in one socket
+    write at the end of the turn (h2grpc.connection). A layer that has just written one
+    change to many streams, inside a turn with more to do (another layer's fan-out
+    of the same change), calls this for the streams it wrote: their clients start
+    reading at once, in the same one write per connection, instead of after the rest
+    of the turn. grpc.aio sends as it goes: nothing to do."""
+    send: Sender | None = getattr(context, "send_now", None)
+    return send if send is not None else _nothing
 
 
 def nowait_writer(context: object) -> NowaitWriter:
