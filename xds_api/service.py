@@ -297,7 +297,8 @@ class XdsService:
         due, self._due = self._due, []
         written = [runner for runner in due if runner.write_now()]
         # Out now rather than after the rest of this loop turn: one write per
-        # connection either way (meshbridge.host.sender).
+        # connection either way (meshbridge.host.sender). Not in parts as it goes:
+        # clients woken mid fan-out take CPU from it (measured, docs/performance.md).
         for runner in written:
             runner.send_now()
 
