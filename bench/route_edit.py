@@ -10,11 +10,11 @@ streams run in client processes of their own on 127.0.0.1, each kind in its own
 (`--procs` per kind), niced (`--client-nice`) so that the clients' decoding yields to
 the server, on bench/h2client.py's lean connections (each response decoded; each RDS
 response ACKed; each message checked to carry the edit's canary weight: in full once
-per edit and process, then as the same bytes), so that the figure is the server's. Each run applies the edited route
-straight to the cluster cache and measures the time from that apply to the moment the
-first and the *last* stream of each kind decoded the new message (CLOCK_MONOTONIC is
-one clock for every process); the figures are medians over the runs. The server is
-idle before each run.
+per edit and process, then as the same bytes), so that the figure is the server's.
+Each run applies the edited route straight to the cluster cache and measures the time
+from that apply to the moment the first and the *last* stream of each kind decoded
+the new message (CLOCK_MONOTONIC is one clock for every process); the figures are
+medians over the runs. The server is idle before each run.
 
 Where the time goes, per run: the apply itself (the route recomputed, the policy
 watches written in the same call), the moment every message of the edit has been
