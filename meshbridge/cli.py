@@ -167,17 +167,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from bridge.multicluster.links import LinkError, parse_link_flag
     from bridge.sources.base import SourceSpecError
     from bridge.sources.catalog import make_source
-    from meshbridge.app import App, ServeOptions, TlsFiles
-    from meshbridge.host import LayerError
-    from meshbridge.startup import (
-        check_kube_access,
-        check_listen_address,
-        describe_os_error,
-        load_kube_credentials,
-    )
+    from meshbridge.startup import check_kube_access, check_listen_address, load_kube_credentials
 
     try:
         check_listen_address("--listen", args.listen)
@@ -206,6 +198,25 @@ async def _serve(args: argparse.Namespace) -> int:
     except (SourceSpecError, ValueError) as e:
         log.error("bad --source", reason=str(e))
         return 2
+    # The API server streams the cluster's state while the rest of the server is
+    # imported and built (docs/performance.md, "Start-up on a big cluster").
+    start_watches = getattr(source, "start_watches", None)
+    if start_watches is not None:
+        start_watches()
+    try:
+        return await _serve_source(args, source)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
+async def _serve_source(args: argparse.Namespace, source: Any) -> int:
+    from bridge.multicluster.links import LinkError, parse_link_flag
+    from meshbridge.app import App, ServeOptions, TlsFiles
+    from meshbridge.host import LayerError
+    from meshbridge.startup import describe_os_error
+
     if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
         log.error("--tls-cert and --tls-key go together; --client-ca needs both")
         return 2

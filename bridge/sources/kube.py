@@ -473,6 +473,8 @@ class KubeSource:
         self.status_writer: RouteStatusWriter | None = None
         self.watchers: list[KindWatcher] = []
         self._metrics: prometheus_client.CollectorRegistry | None = None
+        self._client: ApiClient | None = None
+        self._handoff: _Handoff | None = None
 
     def register_metrics(self, registry: prometheus_client.CollectorRegistry) -> None:
         self._metrics = registry
@@ -485,24 +487,48 @@ class KubeSource:
     def stale(self) -> bool:
         return any(w.synced and not w.connected and not w.unavailable for w in self.watchers)
 
-    async def run(self, cluster: Cluster, synced: asyncio.Event) -> None:
-        creds = self._credentials
-        if creds is None:
-            creds = await asyncio.to_thread(load_credentials, self.kubeconfig, self.context)
-        client = ApiClient(creds)
-        loop = asyncio.get_running_loop()
-        handoff = _Handoff(loop, cluster)
+    def start_watches(self) -> None:
+        """Open every kind's watch now, before the rest of the server is built (called
+        on the loop's thread, with the credentials given): the API server streams the
+        state while the process goes on importing and starting, and what arrives
+        waits, decoded, until `run` hands it to the Cluster. A source never started
+        this way starts its watches in `run`."""
+        if self._handoff is not None:
+            return
+        if self._credentials is None:
+            raise RuntimeError("start_watches needs the credentials given")
+        self._begin(self._credentials)
 
+    def _begin(self, creds: Credentials) -> None:
+        client = ApiClient(creds)
+        self._client = client
+        self._handoff = _Handoff(asyncio.get_running_loop())
         specs = self.kinds or watched_kinds(self.endpoints_api, self.link_namespace)
-        self._cache_gauges(specs, cluster)
-        self.watchers = [KindWatcher(s, client, handoff.emit, self._lag_histogram(s))
-                         for s in specs]
-        handoff.pending = {s.kind for s in specs}
-        handoff.synced = synced
+        self.watchers = [KindWatcher(s, client, self._handoff.emit, None) for s in specs]
         log.info("watching the Kubernetes API", host=creds.host,
                  kinds=[s.kind for s in specs])
         for w in self.watchers:
             w.start()
+
+    def close(self) -> None:
+        """Stop the watches (those `start_watches` opened for a `run` that never came)."""
+        for w in self.watchers:
+            w.stop()
+
+    async def run(self, cluster: Cluster, synced: asyncio.Event) -> None:
+        if self._handoff is None:
+            creds = self._credentials
+            if creds is None:
+                creds = await asyncio.to_thread(load_credentials, self.kubeconfig,
+                                                self.context)
+            self._begin(creds)
+        handoff, client = self._handoff, self._client
+        assert handoff is not None and client is not None
+        specs = [w.spec for w in self.watchers]
+        self._cache_gauges(specs, cluster)
+        for w in self.watchers:
+            w.lag = self._lag_histogram(w.spec)
+        handoff.attach(cluster, synced, {s.kind for s in specs})
         writer_task: asyncio.Task[None] | None = None
         # Statuses are written only for routes this source watches (a source told to
         # watch other kinds, as a linked cluster's or the mirror's, writes none).
@@ -519,8 +545,8 @@ class KubeSource:
             await handoff.failed  # runs until cancelled, or an apply raises
         finally:
             handoff.closed = True
-            for w in self.watchers:
-                w.stop()
+            self.close()
+            self._handoff = None  # a later run starts afresh
             if writer_task is not None:
                 writer_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -587,9 +613,11 @@ class _Handoff:
     to the Cluster itself, so an event costs one loop wake-up, not a queue hop into a
     task that must be scheduled again, and no timer ever holds one back."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, cluster: Cluster) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.cluster = cluster
+        # Until `attach` gives the Cluster, what the watches send waits in `_items`
+        # (the watches may open before the server is built: `start_watches`).
+        self.cluster: Cluster | None = None
         self.pending: set[str] = set()  # kinds whose first list is not applied yet
         self.synced: asyncio.Event | None = None
         self.closed = False
@@ -600,11 +628,20 @@ class _Handoff:
         self._items: list[Any] = []
         self._scheduled = False
 
+    def attach(self, cluster: Cluster, synced: asyncio.Event, pending: set[str]) -> None:
+        """From now on apply to `cluster`, what waited first (on the loop's thread)."""
+        self.cluster, self.synced, self.pending = cluster, synced, pending
+        with self._lock:
+            if self._scheduled or not self._items:
+                return
+            self._scheduled = True
+        self.loop.call_soon(self._drain)
+
     def emit(self, item: Any) -> None:
         """Called on a watch thread."""
         with self._lock:
             self._items.append(item)
-            if self._scheduled:
+            if self._scheduled or self.cluster is None:
                 return
             self._scheduled = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
@@ -622,6 +659,7 @@ class _Handoff:
 
     def _apply(self, batch: list[Any]) -> None:
         cluster = self.cluster
+        assert cluster is not None  # drained only once attached
         events: list[Event] = []
         for item in batch:
             if item[0] == "event":
