@@ -488,11 +488,11 @@ class KubeSource:
         return any(w.synced and not w.connected and not w.unavailable for w in self.watchers)
 
     def start_watches(self) -> None:
-        """Open every kind's watch now, before the rest of the server is built (called
-        on the loop's thread, with the credentials given): the API server streams the
-        state while the process goes on importing and starting, and what arrives
-        waits, decoded, until `run` hands it to the Cluster. A source never started
-        this way starts its watches in `run`."""
+        """Open every kind's watch now, before the rest of the server is built (with the
+        credentials given; no event loop needed): the API server streams the state
+        while the process goes on importing and starting, and what arrives waits,
+        decoded, until `run` hands it to the Cluster. A source never started this way
+        starts its watches in `run`."""
         if self._handoff is not None:
             return
         if self._credentials is None:
@@ -502,11 +502,9 @@ class KubeSource:
     def _begin(self, creds: Credentials) -> None:
         client = ApiClient(creds)
         self._client = client
-        self._handoff = _Handoff(asyncio.get_running_loop())
+        self._handoff = _Handoff()
         specs = self.kinds or watched_kinds(self.endpoints_api, self.link_namespace)
         self.watchers = [KindWatcher(s, client, self._handoff.emit, None) for s in specs]
-        log.info("watching the Kubernetes API", host=creds.host,
-                 kinds=[s.kind for s in specs])
         for w in self.watchers:
             w.start()
 
@@ -525,10 +523,12 @@ class KubeSource:
         handoff, client = self._handoff, self._client
         assert handoff is not None and client is not None
         specs = [w.spec for w in self.watchers]
+        log.info("watching the Kubernetes API", host=client.creds.host,
+                 kinds=[s.kind for s in specs])
         self._cache_gauges(specs, cluster)
         for w in self.watchers:
             w.lag = self._lag_histogram(w.spec)
-        handoff.attach(cluster, synced, {s.kind for s in specs})
+        failed = handoff.attach(cluster, synced, {s.kind for s in specs})
         writer_task: asyncio.Task[None] | None = None
         # Statuses are written only for routes this source watches (a source told to
         # watch other kinds, as a linked cluster's or the mirror's, writes none).
@@ -542,7 +542,7 @@ class KubeSource:
 
             writer_task = asyncio.create_task(write_after_sync(self.status_writer))
         try:
-            await handoff.failed  # runs until cancelled, or an apply raises
+            await failed  # runs until cancelled, or an apply raises
         finally:
             handoff.closed = True
             self.close()
@@ -613,63 +613,84 @@ class _Handoff:
     to the Cluster itself, so an event costs one loop wake-up, not a queue hop into a
     task that must be scheduled again, and no timer ever holds one back."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        # Until `attach` gives the Cluster, what the watches send waits in `_items`
-        # (the watches may open before the server is built: `start_watches`).
+    def __init__(self) -> None:
+        # Until `attach` gives the loop and the Cluster, what the watches send waits in
+        # `_items` (the watches may open before the server is built: `start_watches`).
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.cluster: Cluster | None = None
         self.pending: set[str] = set()  # kinds whose first list is not applied yet
         self.synced: asyncio.Event | None = None
         self.closed = False
         # An apply that raises ends the source's task (its owner sees it), as it would
         # if the apply ran in that task.
-        self.failed: asyncio.Future[None] = loop.create_future()
+        self.failed: asyncio.Future[None] | None = None
         self._lock = threading.Lock()
         self._items: list[Any] = []
+        self._held: list[Any] = []  # what came before every kind's state was in
         self._scheduled = False
 
-    def attach(self, cluster: Cluster, synced: asyncio.Event, pending: set[str]) -> None:
-        """From now on apply to `cluster`, what waited first (on the loop's thread)."""
-        self.cluster, self.synced, self.pending = cluster, synced, pending
+    def attach(self, cluster: Cluster, synced: asyncio.Event,
+               pending: set[str]) -> asyncio.Future[None]:
+        """From now on apply to `cluster` on the running loop, what waited first. The
+        future is done when an apply raises."""
+        loop = asyncio.get_running_loop()
+        self.failed = loop.create_future()
+        self.synced, self.pending = synced, pending
         with self._lock:
+            self.loop, self.cluster = loop, cluster
             if self._scheduled or not self._items:
-                return
+                return self.failed
             self._scheduled = True
-        self.loop.call_soon(self._drain)
+        loop.call_soon(self._drain)
+        return self.failed
 
     def emit(self, item: Any) -> None:
         """Called on a watch thread."""
         with self._lock:
             self._items.append(item)
-            if self._scheduled or self.cluster is None:
+            if self._scheduled or self.loop is None:
                 return
             self._scheduled = True
+            loop = self.loop
         with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
-            self.loop.call_soon_threadsafe(self._drain)
+            loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
         with self._lock:
             batch, self._items, self._scheduled = self._items, [], False
-        if self.closed or self.failed.done():
+        failed = self.failed
+        if self.closed or failed is None or failed.done():
             return
         try:
             self._apply(batch)
         except Exception as e:  # the owner of the source's task sees it
-            self.failed.set_exception(e)
+            failed.set_exception(e)
 
     def _apply(self, batch: list[Any]) -> None:
         cluster = self.cluster
         assert cluster is not None  # drained only once attached
+        if self.synced is not None and not self.synced.is_set():
+            # Until every kind's state is in, nothing is served (not ready), and each
+            # kind applied alone would have the listeners rebuild what the next kind
+            # changes again: the states are applied together, as one change.
+            self._held.extend(batch)
+            self.pending.difference_update(i[1] for i in batch if i[0] == "replace")
+            if self.pending:
+                return
+            batch, self._held = self._held, []
         events: list[Event] = []
+        kinds: set[str] = set()  # of the events gathered
         for item in batch:
             if item[0] == "event":
                 events.append(item[1])
+                kinds.add(item[1].obj.kind)
                 continue
-            if events:
-                cluster.apply(events)
-                events = []
             _, kind, objs = item
-            cluster.replace(kind, objs)
+            if kind in kinds:  # its state is read against what the events before did
+                cluster.apply(events)
+                events, kinds = [], set()
+            events.extend(cluster.replace_events(kind, objs))
+            kinds.add(kind)
             self.pending.discard(kind)
         if events:
             cluster.apply(events)
