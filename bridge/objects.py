@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -328,8 +327,8 @@ def _decode_slice(raw: Mapping[str, Any]) -> EndpointSlice:
         )
         if not addrs:
             raise ObjectError("EndpointSlice", n, f"{where} has no addresses")
-        for a in addrs:
-            if (ipaddress.ip_address(a).version == 6) != (family == "IPv6"):
+        for a in addrs:  # canonical (as_ip): an IPv6 address has a colon, IPv4 none
+            if (":" in a) != (family == "IPv6"):
                 raise ObjectError("EndpointSlice", n, f"{where} address {a} is not {family}")
         cond = as_map(e.get("conditions"), "EndpointSlice", n, f"{where}.conditions")
         # EndpointSlice API: ready and serving default to true, terminating to false.

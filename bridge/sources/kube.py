@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import prometheus_client
 import structlog
@@ -49,10 +49,11 @@ from bridge.objects import (
     decode_object,
     tombstone,
 )
-from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources import kube_wire
 from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
-from bridge.sources.route_status import RouteStatusWriter
+
+if TYPE_CHECKING:
+    from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
@@ -110,6 +111,8 @@ KINDS = {
          "networkauthentication"),
     )},
 }
+# Which kinds' watches open first (the rest after): a big cluster's state is mostly these.
+_START_ORDER = {"Pod": 0, "EndpointSlice": 1, "Endpoints": 1, "ReplicaSet": 2, "Service": 3}
 POLICY_KINDS = ("HTTPRoute", "GatewayHTTPRoute", "GRPCRoute", "AuthorizationPolicy",
                 "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication")
 
@@ -505,7 +508,9 @@ class KubeSource:
         self._handoff = _Handoff()
         specs = self.kinds or watched_kinds(self.endpoints_api, self.link_namespace)
         self.watchers = [KindWatcher(s, client, self._handoff.emit, None) for s in specs]
-        for w in self.watchers:
+        # The biggest states first: a thread's start waits for the GIL, which the
+        # threads already reading hold for a switch interval each.
+        for w in sorted(self.watchers, key=lambda w: _START_ORDER.get(w.spec.kind, 99)):
             w.start()
 
     def close(self) -> None:
@@ -529,6 +534,10 @@ class KubeSource:
         for w in self.watchers:
             w.lag = self._lag_histogram(w.spec)
         failed = handoff.attach(cluster, synced, {s.kind for s in specs})
+        # Imported here: the watches open before the routes' modules are needed.
+        from bridge.routes.index import ROUTE_STORE_KINDS
+        from bridge.sources.route_status import RouteStatusWriter
+
         writer_task: asyncio.Task[None] | None = None
         # Statuses are written only for routes this source watches (a source told to
         # watch other kinds, as a linked cluster's or the mirror's, writes none).

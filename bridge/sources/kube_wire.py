@@ -79,9 +79,12 @@ def _source_meta(m: Any) -> Raw:
     """What the kube source itself reads of any object's metadata."""
     out: Raw = {"name": m.name, "namespace": m.namespace,
                 "resourceVersion": m.resourceVersion}
-    if m.managedFields:  # times as seconds since the epoch (JSON: RFC 3339 text)
-        out["managedFields"] = [{"operation": f.operation, "time": f.time.seconds}
-                                for f in m.managedFields if f.HasField("time")]
+    # Of the field managers, only the newest Update's time is read (the informer lag:
+    # kube.newest_update_time), in seconds since the epoch (JSON: RFC 3339 text).
+    newest = max((f.time.seconds for f in m.managedFields
+                  if f.operation == "Update" and f.HasField("time")), default=None)
+    if newest is not None:
+        out["managedFields"] = [{"operation": "Update", "time": newest}]
     return out
 
 
