@@ -126,6 +126,7 @@ def stream_pods(api: Any) -> dict[str, float]:
 
     from bridge.sources import kube_wire
     from bridge.sources.kube import INITIAL_EVENTS_END
+    from bridge.sources.kube_proto import MESSAGES
 
     pool = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=str(api.ca_path))
     pid = api.apiserver_pid
@@ -135,17 +136,21 @@ def stream_pods(api: Any) -> dict[str, float]:
         fields={"watch": "1", "sendInitialEvents": "true", "allowWatchBookmarks": "true",
                 "resourceVersionMatch": "NotOlderThan", "timeoutSeconds": "120"},
         headers={"Authorization": f"Bearer {api.token}", "Accept": kube_wire.PROTOBUF})
-    received = 0
+    received = events = 0
     try:
         for frame in kube_wire.proto_frames(resp.stream(1 << 20)):
             received += len(frame) + 4
-            # The bookmark is a small frame; no pod's is.
+            events += 1
+            # Only a small frame is looked into: the bookmark that ends the state (no
+            # pod's frame is that small), or an error.
             if len(frame) < 4096 and INITIAL_EVENTS_END.encode() in bytes(frame):
                 break
+            if len(frame) < 4096 and MESSAGES["WatchEvent"].FromString(frame).type == "ERROR":
+                raise RuntimeError("the API server ended the Pods' watch with an error")
     finally:
         resp.release_conn()
     return {"seconds": time.monotonic() - started, "cpu_s": proc_cpu_s(pid) - cpu,
-            "mib": received / 2**20}
+            "mib": received / 2**20, "events": events}
 
 
 async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
@@ -214,8 +219,9 @@ async def measure(python: Path, pods: int, per_service: int, nodes: int,
         for i in range(runs):
             floor = await asyncio.to_thread(stream_pods, api)
             print(f"  run {i + 1}: the API server alone streams the pods in "
-                  f"{floor['seconds']:.2f} s ({floor['mib']:.0f} MiB, {floor['cpu_s']:.2f} s "
-                  "of its CPU)", file=sys.stderr)
+                  f"{floor['seconds']:.2f} s ({floor['events']:,} events, "
+                  f"{floor['mib']:.0f} MiB, {floor['cpu_s']:.2f} s of its CPU)",
+                  file=sys.stderr)
             r = await one_run(python, api.kubeconfig_path, shape, workdir, i)
             r["apiserver"] = floor
             print(f"  run {i + 1}: ready in {r['startup_s']:.2f} s ({r['cpu_ready_s']:.2f} s "
