@@ -121,7 +121,18 @@ def targets(shape: Any) -> list[str]:
 
 def stream_pods(api: Any) -> dict[str, float]:
     """The API server alone: the Pods' initial state streamed (WatchList, protobuf) to
-    a reader that decodes nothing, frames split until the bookmark that ends it."""
+    a reader that decodes nothing, frames split until the bookmark that ends it. Right
+    after the fill the server's watch cache is still catching up with what was written
+    to etcd, and such a watch ends in an error after a few seconds: tried again, so
+    that the server has settled before meshbridge is started."""
+    for _ in range(10):
+        result = _stream_pods_once(api)
+        if result is not None:
+            return result
+    raise RuntimeError("the API server would not stream the Pods' state")
+
+
+def _stream_pods_once(api: Any) -> dict[str, float] | None:
     import urllib3
 
     from bridge.sources import kube_wire
@@ -143,14 +154,17 @@ def stream_pods(api: Any) -> dict[str, float]:
             events += 1
             # Only a small frame is looked into: the bookmark that ends the state (no
             # pod's frame is that small), or an error.
-            if len(frame) < 4096 and INITIAL_EVENTS_END.encode() in bytes(frame):
-                break
-            if len(frame) < 4096 and MESSAGES["WatchEvent"].FromString(frame).type == "ERROR":
-                raise RuntimeError("the API server ended the Pods' watch with an error")
+            if len(frame) >= 4096:
+                continue
+            if MESSAGES["WatchEvent"].FromString(frame).type == "ERROR":
+                return None
+            if INITIAL_EVENTS_END.encode() in bytes(frame):
+                return {"seconds": time.monotonic() - started,
+                        "cpu_s": proc_cpu_s(pid) - cpu, "mib": received / 2**20,
+                        "events": events}
     finally:
         resp.release_conn()
-    return {"seconds": time.monotonic() - started, "cpu_s": proc_cpu_s(pid) - cpu,
-            "mib": received / 2**20, "events": events}
+    return None
 
 
 async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
