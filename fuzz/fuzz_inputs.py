@@ -54,7 +54,7 @@ with atheris.instrument_imports():
     from h2grpc.streams import H2Stream
     from linkerd_api.authority import parse_context_token, parse_service_name, split_host_port
     from linkerd_api.errors import BadRequest as LinkerdBadRequest
-    from linkerd_api.service import _decode as decode_get
+    from linkerd_api.writer import decode_request as decode_get
     from xds_api.metrics import XdsMetrics
     from xds_api.service import decode as decode_xds
     from xds_api.stream import DeltaStream, SotwStream, StreamError

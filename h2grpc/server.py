@@ -16,7 +16,7 @@ import contextlib
 import socket
 import ssl
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
@@ -57,15 +57,59 @@ class ServerStats:
                  more_since_last_line=self._unlogged.pop(reason, 0))
 
 
+class AddressCounts(Protocol):
+    """Open connections per client address, for `max_connections_per_client`: this
+    process's own by default (`LocalCounts`); several processes serving one port
+    share theirs (meshbridge.workers.counts)."""
+
+    def add(self, address: str) -> int:
+        """Count one more for `address`; how many it has now."""
+
+    def remove(self, address: str) -> None:
+        """Count one fewer for `address`."""
+
+    def count(self, address: str) -> int:
+        """How many `address` has."""
+
+
+class LocalCounts:
+    """Counts kept in this process."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+
+    def add(self, address: str) -> int:
+        self._counts[address] += 1
+        return self._counts[address]
+
+    def remove(self, address: str) -> None:
+        left = self._counts[address] - 1
+        if left > 0:
+            self._counts[address] = left
+        else:
+            del self._counts[address]
+
+    def count(self, address: str) -> int:
+        return self._counts.get(address, 0)
+
+
 class Server:
     def __init__(self, interceptors: list[Any] | None = None, *,
-                 limits: H2Limits | None = None) -> None:
+                 limits: H2Limits | None = None,
+                 address_counts: AddressCounts | None = None,
+                 reuse_port: bool = False) -> None:
         self.interceptors = tuple(interceptors or ())
         self.handlers: tuple[grpc.GenericRpcHandler, ...] = ()
         self.limits = limits or H2Limits()
         self.stats = ServerStats()
         self.connections: set[Connection] = set()
-        self._per_address: Counter[str] = Counter()
+        self._per_address: AddressCounts = address_counts or LocalCounts()
+        # SO_REUSEPORT: several processes listen on one port, the kernel spreads the
+        # connections over them.
+        self.reuse_port = reuse_port
+        self.bind_error = ""  # why the last add_*_port returned 0
         self.stopping = False
         self._sockets: list[tuple[socket.socket, ssl.SSLContext | None]] = []
         self._servers: list[asyncio.Server] = []
@@ -139,18 +183,14 @@ class Server:
         self.stats.accepted += 1
         self.connections.add(conn)
         self._no_connections.clear()
-        self._per_address[conn.address] += 1
+        count = self._per_address.add(conn.address)
         limit = self.limits.max_connections_per_client
-        return not limit or self._per_address[conn.address] <= limit
+        return not limit or count <= limit
 
     def connection_gone(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
-            left = self._per_address[conn.address] - 1
-            if left > 0:
-                self._per_address[conn.address] = left
-            else:
-                del self._per_address[conn.address]
+            self._per_address.remove(conn.address)
             if not self.connections:
                 self._no_connections.set()
             if self.heap is not None:
@@ -167,37 +207,51 @@ class Server:
     # ------------------------------------------------------------ internals
 
     def _bind(self, address: str, context: ssl.SSLContext | None) -> int:
-        host, _, port_text = address.rpartition(":")
-        host = host.strip("[]")
         try:
-            port = int(port_text)
-        except ValueError:
-            return 0
-        if host in ("", "*"):
-            host = "::"
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        if host not in ("::", "0.0.0.0") and ":" not in host:
-            try:
-                host = str(socket.getaddrinfo(host, port, socket.AF_UNSPEC,
-                                              socket.SOCK_STREAM)[0][4][0])
-            except OSError:
-                return 0
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and host == "::":
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # dual stack
-            sock.bind((host, port))
-            sock.listen(socket.SOMAXCONN)
-            sock.setblocking(False)
-        except OSError as e:
-            sock.close()
+            sock = bind_socket(address, reuse_port=self.reuse_port)
+        except (OSError, ValueError) as e:
+            self.bind_error = str(e)
             log.error("cannot listen", address=address, error=str(e))
             return 0
         self._sockets.append((sock, context))
         bound: int = sock.getsockname()[1]
         return bound
+
+
+def bind_socket(address: str, *, reuse_port: bool = False, listen: bool = True
+                ) -> socket.socket:
+    """A TCP socket bound to `address` (`host:port`; `:port` or `*:port` is every
+    address, both families), listening unless `listen` is False (a bound socket that
+    does not listen holds its port: processes sharing it by SO_REUSEPORT get its
+    number from it). OSError or ValueError says why not."""
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{address!r}: the port is not a number") from None
+    if host in ("", "*"):
+        host = "::"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if host not in ("::", "0.0.0.0") and ":" not in host:
+        host = str(socket.getaddrinfo(host, port, socket.AF_UNSPEC,
+                                      socket.SOCK_STREAM)[0][4][0])
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6 and host == "::":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # dual stack
+        sock.bind((host, port))
+        if listen:
+            sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def tls_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:

@@ -25,13 +25,12 @@ from typing import Any
 import grpc
 import prometheus_client
 import structlog
-from google.protobuf.message import DecodeError
 
 from bridge.authority import AuthorityError, view_authority
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.multicluster.views import MissingRemoteService
 from bridge.multicluster.views import UnknownCluster as UnknownClusterError
-from bridge.views import InvalidService, View
+from bridge.views import InvalidService, View, ViewSubscriber
 from linkerd_api.authority import (
     ContextToken,
     parse_context_token,
@@ -48,6 +47,7 @@ from linkerd_api.errors import (
     UnknownCluster,
     UnknownService,
 )
+from linkerd_api.get_feeds import GetFeeds, MirroredGet
 from linkerd_api.profile_streams import (
     EndpointProfileKey,
     ProfileKey,
@@ -61,7 +61,8 @@ from linkerd_api.proto import destination_pb2 as dst
 from linkerd_api.queue import UpdateQueue
 from linkerd_api.render import to_dict
 from linkerd_api.translate import Translator, address_text, ready_endpoints, set_labels
-from meshbridge.host import GrpcServer, Host, Layer, StreamInfo
+from linkerd_api.writer import DestinationWriter, decode_request, endpoint_overflow_counter
+from meshbridge.host import FeedHub, GrpcServer, Host, Layer, WorkerHost
 
 log = structlog.get_logger("meshbridge.linkerd")
 
@@ -142,7 +143,21 @@ def register(host: Host, server: GrpcServer) -> None:
     host.keep("linkerd", service)
 
 
-LAYER = Layer("linkerd_api.service", register, (LinkerdOptions,))
+def register_feeds(host: Host, hub: FeedHub) -> None:
+    """The watcher's side of Get over workers (linkerd_api.get_feeds)."""
+    hub.on_link(GetFeeds(host.service("linkerd")).attach)
+
+
+def register_worker(host: WorkerHost, server: GrpcServer) -> None:
+    """A worker's side: Get from the watcher's feeds (GetProfile is relayed whole)."""
+    get = MirroredGet(host, host.options_for(LinkerdOptions).stream_queue_capacity)
+    server.add_generic_rpc_handlers((get.handler(),))
+    host.on_stop(get.stop)
+    host.keep("linkerd", get)
+
+
+LAYER = Layer("linkerd_api.service", register, (LinkerdOptions,),
+              feeds=register_feeds, worker=register_worker)
 
 
 class DestinationService:
@@ -156,14 +171,11 @@ class DestinationService:
         self.encoder = UpdateEncoder(self.translator, self.semantics, host.views)
         self.profiles = ProfileRegistry(host.cluster, host.config, self.translator,
                                         self.semantics)
-        self.streams: set[UpdateQueue] = set()
-        self.stopping = False
+        self.writer = DestinationWriter(host.metrics, host.streams)
+        self.streams: set[UpdateQueue] = self.writer.live
         self.not_found_log = RepeatLog(NOT_FOUND_LOG_WINDOW)
         registry = host.metrics
-        self.endpoint_overflows = prometheus_client.Counter(
-            "endpoint_updates_queue_overflow",
-            "Get streams ended because their update queue was full", ["service"],
-            registry=registry)
+        self.endpoint_overflows = endpoint_overflow_counter(registry)
         self.profile_overflows = prometheus_client.Counter(
             "profile_updates_queue_overflow",
             "GetProfile (service) streams ended because their queue was full",
@@ -172,10 +184,7 @@ class DestinationService:
             "endpoint_profile_updates_queue_overflow",
             "GetProfile (endpoint) streams ended because their queue was full",
             registry=registry)
-        self.open_streams = prometheus_client.Gauge(
-            "meshbridge_destination_streams", "Open destination API streams", ["method"],
-            registry=registry)
-        self.refused = prometheus_client.Counter(
+        self.refused_total = prometheus_client.Counter(
             "meshbridge_destination_requests_refused",
             "Destination API requests refused, by status",
             ["method", "code"], registry=registry)
@@ -192,9 +201,7 @@ class DestinationService:
     def stop(self) -> None:
         """End every stream with status OK; proxies reconnect elsewhere. The profile
         registry stops listening to the cluster."""
-        self.stopping = True
-        for stream in list(self.streams):
-            stream.end()
+        self.writer.stop()
         self.profiles.close()
 
     # ------------------------------------------------------------------ Get
@@ -203,35 +210,48 @@ class DestinationService:
         peer = context.peer()
         path = ""
         try:
-            request = _decode(raw)
+            request = decode_request(raw)
             path = request.path
-            token = self._token(request, peer, "Get")
-            key = self._endpoint_key(path, token, peer)
-            label = view_authority(key, self.config.cluster_domain)
+            key, label = self.open_get(request, peer)
             stream = EndpointStream(self.capacity, self.encoder, key, label, peer,
                                     self._endpoint_overflow)
-            try:
-                # A remote-discovery target's refusals come first (Linkerd §2.4).
-                self.host.views.check(key)
-                view = self.host.views.subscribe(key, stream, "linkerd")
-            except InvalidService as e:
-                raise BadRequest(f"Invalid authority: {path}: {e}") from None
-            except MissingRemoteService as e:
-                raise NotRemoteDiscoverable(str(e)) from None
-            except UnknownClusterError as e:
-                raise UnknownCluster(str(e)) from None
-            merged = self.host.views.merged_port(view)
-            # A federated Service that goes ends its streams (Linkerd §2.4).
-            stream.ends_with_service = merged is not None and merged.kind == "federated"
+            view = self.subscribe_get(key, stream, path)
+            stream.ends_with_service = self.ends_with_service(view)
         except DestinationError as e:
-            await self._refuse(context, "Get", peer, path, e)
+            await context.abort(*self.refused("Get", peer, path, e))
             return
         try:
             for message in self.encoder.snapshot(view):
                 stream.push(message)
-            await self._pump("Get", stream, stream.label, request, context)
+            await self.writer.pump("Get", stream, stream.label, request, context)
         finally:
             self.host.views.unsubscribe(key, stream)
+
+    def open_get(self, request: dst.GetDestination, peer: str) -> tuple[ViewKey, str]:
+        """A Get's View key and the `service` label of its metrics, or the
+        DestinationError that refuses it (§2.4)."""
+        token = self._token(request, peer, "Get")
+        key = self._endpoint_key(request.path, token, peer)
+        return key, view_authority(key, self.config.cluster_domain)
+
+    def subscribe_get(self, key: ViewKey, subscriber: ViewSubscriber, path: str) -> View:
+        """Join the View a Get streams from, or the DestinationError that refuses it:
+        a remote-discovery target's refusals first (Linkerd §2.4), BadRequest for a
+        service that cannot be watched (ExternalName)."""
+        try:
+            self.host.views.check(key)
+            return self.host.views.subscribe(key, subscriber, "linkerd")
+        except InvalidService as e:
+            raise BadRequest(f"Invalid authority: {path}: {e}") from None
+        except MissingRemoteService as e:
+            raise NotRemoteDiscoverable(str(e)) from None
+        except UnknownClusterError as e:
+            raise UnknownCluster(str(e)) from None
+
+    def ends_with_service(self, view: View) -> bool:
+        """A federated Service that goes ends its streams (Linkerd §2.4)."""
+        merged = self.host.views.merged_port(view)
+        return merged is not None and merged.kind == "federated"
 
     def _endpoint_key(self, path: str, token: ContextToken, peer: str) -> ViewKey:
         """Get's request checks, in Linkerd's order (§2.4)."""
@@ -267,17 +287,17 @@ class DestinationService:
         peer = context.peer()
         path = ""
         try:
-            request = _decode(raw)
+            request = decode_request(raw)
             path = request.path
             token = self._token(request, peer, "GetProfile")
             key = self._profile_key(path, token, peer)
             stream = ProfileStream(self.capacity, key, peer, self._profile_overflow)
             self.profiles.subscribe(stream)
         except DestinationError as e:
-            await self._refuse(context, "GetProfile", peer, path, e)
+            await context.abort(*self.refused("GetProfile", peer, path, e))
             return
         try:
-            await self._pump("GetProfile", stream, _target(key), request, context)
+            await self.writer.pump("GetProfile", stream, _target(key), request, context)
         finally:
             self.profiles.unsubscribe(stream)
 
@@ -349,32 +369,6 @@ class DestinationService:
 
     # ------------------------------------------------------------------ shared
 
-    async def _pump(self, method: str, stream: UpdateQueue, target: str,
-                    request: dst.GetDestination,
-                    context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        """Write the stream's queue until it ends; returning ends the RPC with OK."""
-        if self.stopping:
-            return
-        info = self.host.streams.add(StreamInfo(
-            "linkerd-get" if method == "Get" else "linkerd-profile", context.peer(),
-            client=request.context_token.strip()[:500]))
-        info.state(target).subscribed = (request.path,)
-        stream.info = info
-        self.streams.add(stream)
-        gauge = self.open_streams.labels(method)
-        gauge.inc()
-        try:
-            while (item := await stream.next()) is not None:
-                version, message = item
-                await context.write(message)
-                info.sent(target, version, "", len(message))
-                if not len(stream):
-                    info.converged()  # Linkerd has no ACK: caught up once all is written
-        finally:
-            gauge.dec()
-            self.streams.discard(stream)
-            self.host.streams.remove(info)
-
     def _token(self, request: dst.GetDestination, peer: str, method: str) -> ContextToken:
         token = parse_context_token(request.context_token)
         if token.form == "invalid":
@@ -396,22 +390,23 @@ class DestinationService:
                      method=method, peer=peer, namespace=service.namespace,
                      service=service.name, port=port)
 
-    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], method: str,
-                      peer: str, path: str, error: DestinationError) -> None:
+    def refused(self, method: str, peer: str, path: str, error: DestinationError
+                ) -> tuple[grpc.StatusCode, str]:
+        """The status a refusal ends its call with, counted and logged (a NOT_FOUND
+        once per target per window: proxies retry it for as long as they want it)."""
         code = STATUS_OF[type(error)]
-        self.refused.labels(method, code.name).inc()
+        self.refused_total.labels(method, code.name).inc()
         fields: dict[str, object] = {}
         if code is grpc.StatusCode.NOT_FOUND:
             # Proxies retry a missing target for as long as they want it: say so once
             # per window, with how many repeats went unlogged since the last line.
             repeats = self.not_found_log.admit((method, path[:300]))
             if repeats is None:
-                await context.abort(code, str(error))
-                return
+                return code, str(error)
             fields["unlogged_repeats"] = repeats
         log.warning("destination request refused", method=method, peer=peer,
                     authority=path[:300], code=code.name, reason=str(error), **fields)
-        await context.abort(code, str(error))
+        return code, str(error)
 
 
 class RepeatLog:
@@ -457,8 +452,3 @@ def _target(key: ProfileKey) -> str:
     return f"[{key.ip}]:{key.port}" if ":" in key.ip else f"{key.ip}:{key.port}"
 
 
-def _decode(raw: bytes) -> dst.GetDestination:
-    try:
-        return dst.GetDestination.FromString(raw)
-    except DecodeError:
-        raise BadRequest("request is not a GetDestination message") from None

@@ -15,11 +15,12 @@ import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import prometheus_client
 import structlog
+from prometheus_client.metrics_core import Metric
 
 from bridge.authority import format_authority
 from bridge.cluster import Cluster
@@ -50,7 +51,11 @@ from meshbridge.host import (
 )
 from meshbridge.limits import Limits
 from meshbridge.rpcguard import GrpcMetrics, RpcGuard
-from meshbridge.stream_registry import StreamRegistry
+from meshbridge.stream_registry import StreamInfo, StreamRegistry
+from meshbridge.workers.gather import Families
+
+if TYPE_CHECKING:
+    from meshbridge.workers.watcher import Watcher
 
 log = structlog.get_logger("meshbridge.app")
 
@@ -78,6 +83,10 @@ class ServeOptions:
     # how long a linked cluster may hold /ready at start (docs/multicluster.md).
     links: tuple[Link, ...] = ()
     link_sync_timeout: float = DEFAULT_SYNC_TIMEOUT
+    # Processes serving the gRPC port (docs/workers.md): 1 is this process alone;
+    # above 1, this process keeps the source, the Cluster and the Views (the watcher)
+    # and that many worker processes serve the clients (meshbridge.workers).
+    workers: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,20 +170,44 @@ class App:
         # How each protocol layer encodes a View, for /debug/endpoints.
         self.renderers: dict[str, Renderer] = {}
         self.route_renderers: dict[str, RouteRenderer] = {}
+        # With --workers above 1: the worker processes and what they are sent.
+        self.watcher: Watcher | None = None
         self._install_admin_routes()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, wait_synced: bool = True) -> None:
+        if self.options.workers > 1:
+            from meshbridge.workers.watcher import Watcher
+
+            self.watcher = Watcher(self)
+            self.grpc_port = await self.watcher.start(self._start_source)
+        else:
+            await self._serve_grpc()
+        for hooks in self.layer_hooks:
+            await hooks.start_listeners(self.options.listen, self.grpc_port)
+        host, port = split_listen_address(self.options.admin)
+        self.admin_port = await self.admin.start(host, port)
+        if wait_synced:
+            await self.wait_synced()
+        log.info("serving", grpc=self.grpc_port, admin=self.admin_port, source=self.source.name,
+                 workers=self.options.workers)
+
+    def _start_source(self) -> None:
+        """Start the source and the linked clusters; after the layers are mounted, so
+        that their cluster listeners are in place before the first event."""
+        self._source_task = asyncio.create_task(self._run_source(), name="source")
+        self.clusters.start()
+
+    async def _serve_grpc(self) -> None:
+        """The gRPC port in this process, every layer mounted on it."""
         limits = self.options.limits
         self.rpc_guard = RpcGuard(limits.max_streams_per_client, GrpcMetrics(self.metrics))
         server = self._grpc_server(limits)
         self._mount(server)
-        # After the layers: they add their cluster listeners before the first event.
-        self._source_task = asyncio.create_task(self._run_source(), name="source")
-        self.clusters.start()
+        self._start_source()
         tls = self.options.tls
-        layer_tls = self._layer_tls()
+        layer_tls = self.port_tls()
         if layer_tls is not None and isinstance(server, NativeServer):
             self.grpc_port = server.add_secure_port(self.options.listen, layer_tls)
         elif tls is None:
@@ -187,13 +220,6 @@ class App:
             raise OSError(f"cannot listen on {self.options.listen}")
         await server.start()
         self.grpc_server = server
-        for hooks in self.layer_hooks:
-            await hooks.start_listeners(self.options.listen, self.grpc_port)
-        host, port = split_listen_address(self.options.admin)
-        self.admin_port = await self.admin.start(host, port)
-        if wait_synced:
-            await self.wait_synced()
-        log.info("serving", grpc=self.grpc_port, admin=self.admin_port, source=self.source.name)
 
     def _grpc_server(self, limits: Limits) -> NativeServer | grpc.aio.Server:
         """The server both protocol layers are mounted on (ServeOptions.grpc_transport)."""
@@ -231,7 +257,12 @@ class App:
         """Stop taking new RPCs (GOAWAY), end every stream with OK so proxies reconnect
         to another replica, and give the handlers `grace` to write their status."""
         stopping = None
-        if self.grpc_server is not None:
+        if self.watcher is not None:
+            # The workers end their streams (GOAWAY, then OK) while the hooks below
+            # end the streams the watcher serves for them (the relayed ones).
+            stopping = asyncio.ensure_future(self.watcher.stop(grace))
+            await asyncio.sleep(0)
+        elif self.grpc_server is not None:
             # Started first, so that no client can open a stream the hooks below would
             # miss; grpc.aio lets in-flight RPCs finish within the grace.
             stopping = asyncio.ensure_future(self.grpc_server.stop(grace))
@@ -269,7 +300,8 @@ class App:
         """What `layer` is given: this App, seen through meshbridge.host.Host."""
         return LayerHost(self, layer)
 
-    def _layer_tls(self) -> ssl.SSLContext | None:
+    def port_tls(self) -> ssl.SSLContext | None:
+        """The gRPC port's TLS as a layer brings it (--tls-from-identity), or None."""
         return next((c for hooks in self.layer_hooks
                      if (c := hooks.grpc_port_tls()) is not None), None)
 
@@ -336,10 +368,36 @@ class App:
         self.admin.route("/ping", lambda _r: Response.text(200, "pong"))
         debug.install(self)
 
-    def _metrics(self, _req: Request) -> Response:
+    async def _metrics(self, _req: Request) -> Response:
         # Linkerd's and Istio's counters under their own names (no `_total`).
-        return Response(200, exposition.generate(self.metrics),
+        return Response(200, exposition.generate(Families(await self.metric_families())),
                         prometheus_client.CONTENT_TYPE_LATEST)
+
+    async def metric_families(self) -> list[Metric]:
+        """This process's metric families; with workers, every worker's series added
+        to the watcher's (meshbridge.workers.gather)."""
+        families = list(self.metrics.collect())
+        if self.watcher is not None:
+            families = await self.watcher.metric_families(families)
+        return families
+
+    async def sample_value(self, name: str, labels: dict[str, str] | None = None
+                           ) -> float | None:
+        """One sample of `metric_families`, as `CollectorRegistry.get_sample_value`
+        reads one of a registry."""
+        wanted = labels or {}
+        for family in await self.metric_families():
+            for sample in family.samples:
+                if sample.name == name and sample.labels == wanted:
+                    return float(sample.value)
+        return None
+
+    async def stream_infos(self) -> list[StreamInfo]:
+        """Every client stream, in this process and in its workers (ordered by id)."""
+        infos = self.streams.all()
+        if self.watcher is not None:
+            infos += await self.watcher.stream_infos()
+        return sorted(infos, key=lambda s: s.id)
 
     def _ready(self, _req: Request) -> Response:
         if not self.synced.is_set():

@@ -31,6 +31,7 @@ from meshbridge.eventloop import EVENT_LOOPS
 from meshbridge.limits import Limits
 from meshbridge.log import LOG_LEVELS, configure_logging
 from meshbridge.startup import StartupError
+from meshbridge.workers.cores import workers_argument
 
 log = structlog.get_logger("meshbridge.cli")
 
@@ -128,6 +129,11 @@ def _add_serve(p: argparse.ArgumentParser, with_layers: bool = True) -> None:
     p.add_argument("--grpc-transport", choices=("native", "grpcio"), default="native",
                    help="the gRPC server: meshbridge's own HTTP/2 server (default) or "
                         "grpc.aio's")
+    p.add_argument("--workers", type=workers_argument, default=1, metavar="N|auto",
+                   help="processes serving the gRPC port: 1 (default) is this process "
+                        "alone; N keeps the watch, the cluster cache and the views here "
+                        "and serves clients from N worker processes on the same port "
+                        "(SO_REUSEPORT); auto: one per usable core (docs/workers.md)")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="asyncio",
                    help="the asyncio event loop: the standard library's (default) or "
                         "uvloop (pip install 'meshbridge[uvloop]'; docs/performance.md "
@@ -228,6 +234,7 @@ async def _serve_source(args: argparse.Namespace, source: Any) -> int:
     from meshbridge.app import App, ServeOptions, TlsFiles
     from meshbridge.host import LayerError
     from meshbridge.startup import describe_os_error
+    from meshbridge.workers.pool import WorkerFailed
 
     if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
         log.error("--tls-cert and --tls-key go together; --client-ca needs both")
@@ -247,6 +254,9 @@ async def _serve_source(args: argparse.Namespace, source: Any) -> int:
     except ValueError as e:
         log.error("bad protocol-layer option", reason=str(e))
         return 2
+    if args.workers > 1 and args.grpc_transport != "native":
+        log.error("--workers above 1 needs --grpc-transport native")
+        return 2
     try:
         links = tuple(parse_link_flag(text) for text in args.link)
     except LinkError as e:
@@ -257,7 +267,8 @@ async def _serve_source(args: argparse.Namespace, source: Any) -> int:
         return 2
     app = App(source, mesh_config(args),
               ServeOptions(args.listen, args.admin, limits, tls, args.grpc_transport,
-                           layer_options, debug_access, links, args.link_sync_timeout),
+                           layer_options, debug_access, links, args.link_sync_timeout,
+                           workers=args.workers),
               layers.protocol_layers())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -266,6 +277,10 @@ async def _serve_source(args: argparse.Namespace, source: Any) -> int:
     gctune.before_sync()
     try:
         await app.start(wait_synced=False)
+    except WorkerFailed as e:
+        log.error(f"--workers {args.workers}: {e}")  # one line naming the worker
+        await app.stop(0)
+        return 1
     except LayerError as e:  # a layer that does not keep to meshbridge.host's interface
         log.error(str(e))
         return 2
@@ -276,6 +291,10 @@ async def _serve_source(args: argparse.Namespace, source: Any) -> int:
         log.error(describe_os_error(flag, addr, e))
         await app.stop(0)
         return 1
+    except ValueError as e:
+        log.error(str(e))
+        await app.stop(0)
+        return 2
     waiter = asyncio.create_task(app.wait_synced())
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -27,13 +27,13 @@ from __future__ import annotations
 import html
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.authority import AuthorityError, format_authority, parse_authority, view_authority
 from bridge.model import FilterKey, ViewKey
 from meshbridge.admin import Request, Response
-from meshbridge.stream_registry import human_time
+from meshbridge.stream_registry import StreamInfo, human_time
 
 if TYPE_CHECKING:
     from bridge.views import View
@@ -77,23 +77,38 @@ def views_json(app: App) -> list[dict[str, Any]]:
 def install(app: App) -> None:
     access = app.options.debug_access
 
-    def guarded(page: Callable[[Request], Response]) -> Callable[[Request], Response]:
+    def guarded(page: Callable[[Request], Awaitable[Response]]
+                ) -> Callable[[Request], Awaitable[Response]]:
         # These pages reveal configuration: served under --debug-access only.
-        def serve(req: Request) -> Response:
+        async def serve(req: Request) -> Response:
             refused = access.refusal(req.peer)
-            return Response.text(403, refused) if refused else page(req)
+            return Response.text(403, refused) if refused else await page(req)
         return serve
 
-    app.admin.route("/", guarded(lambda req: _index(app, req)))
-    app.admin.route("/debug/views", guarded(
-        lambda req: _no_params(req) or _json(200, views_json(app))))
-    app.admin.route("/debug/streams", guarded(lambda req: _no_params(req) or _json(
-        200, [s.as_json() for s in app.streams.all()])))
-    app.admin.route("/debug/endpoints", guarded(lambda req: _endpoints(app, req)))
-    app.admin.route("/debug/syncz", guarded(lambda req: _no_params(req) or _json(
-        200, [s.syncz() for s in sorted(app.streams.all(), key=lambda s: s.id)])))
-    app.admin.route("/debug/clusters", guarded(lambda req: _no_params(req) or _json(
-        200, app.clusters.describe())))
+    async def index(req: Request) -> Response:
+        return _index(app, req, await app.stream_infos())
+
+    async def views(req: Request) -> Response:
+        return _no_params(req) or _json(200, views_json(app))
+
+    async def streams(req: Request) -> Response:
+        return _no_params(req) or _json(200, [s.as_json() for s in await app.stream_infos()])
+
+    async def endpoints(req: Request) -> Response:
+        return _endpoints(app, req)
+
+    async def syncz(req: Request) -> Response:
+        return _no_params(req) or _json(200, [s.syncz() for s in await app.stream_infos()])
+
+    async def clusters(req: Request) -> Response:
+        return _no_params(req) or _json(200, app.clusters.describe())
+
+    app.admin.route("/", guarded(index))
+    app.admin.route("/debug/views", guarded(views))
+    app.admin.route("/debug/streams", guarded(streams))
+    app.admin.route("/debug/endpoints", guarded(endpoints))
+    app.admin.route("/debug/syncz", guarded(syncz))
+    app.admin.route("/debug/clusters", guarded(clusters))
 
 
 def _endpoints(app: App, req: Request) -> Response:
@@ -282,6 +297,13 @@ _ROUTE_LABELS = {"linkerd": "Linkerd OutboundPolicies", "envoy": "Envoy RDS",
                  "grpc": "proxyless gRPC RDS"}
 
 
+def _protocols(infos: list[StreamInfo]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in infos:
+        counts[s.protocol] = counts.get(s.protocol, 0) + 1
+    return counts
+
+
 def _cell(value: object) -> str:
     return f"<td>{html.escape(str(value))}</td>"
 
@@ -315,7 +337,7 @@ def port_rows(app: App) -> list[dict[str, Any]]:
     return rows
 
 
-def _index(app: App, req: Request) -> Response:
+def _index(app: App, req: Request, infos: list[StreamInfo]) -> Response:
     if req.path != "/":
         return Response.text(404, "no such page")
     if req.query:
@@ -330,7 +352,7 @@ def _index(app: App, req: Request) -> Response:
             f"{_cell(r['ready'])}{_cell(r['draining'])}{_cell(r['version'] or '-')}"
             f"{_cell(_counts(r['subscribers']))}</tr>")
     streams = []
-    for s in sorted(app.streams.all(), key=lambda s: s.id):
+    for s in infos:
         sync = s.syncz()
         behind = f"{sync['behind_seconds']:g}s"
         per_type: dict[str, dict[str, Any]] = sync["types"] or {"-": {}}
@@ -350,7 +372,7 @@ tr:nth-child(even){{background:#f3f3f3}}</style></head>
 <body><h1>meshbridge</h1>
 <p>source <b>{html.escape(app.source.name)}</b> &middot;
 {len(app.cluster.services)} services &middot; {len(app.views.views())} views &middot;
-{len(app.streams)} streams ({html.escape(_counts(app.streams.counts()))}) &middot;
+{len(infos)} streams ({html.escape(_counts(_protocols(infos)))}) &middot;
 {subscribed} subscriptions &middot;
 <a href="/debug/views">/debug/views</a> &middot; <a href="/debug/streams">/debug/streams</a>
 &middot; <a href="/debug/syncz">/debug/syncz</a>

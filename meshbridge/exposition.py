@@ -15,7 +15,8 @@ own counters, `meshbridge_*`, and the gRPC ones, whose upstream names do end in
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -71,7 +72,11 @@ def _plain_counter(family: Metric) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(registry: CollectorRegistry) -> bytes:
+class Collected(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+
+def generate(registry: CollectorRegistry | Collected) -> bytes:
     """The text exposition of `registry`, upstream counters under upstream names."""
     parts: list[bytes] = []
     for family in registry.collect():

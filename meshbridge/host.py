@@ -44,14 +44,35 @@ from meshbridge.stream_registry import (
     StreamInfo,
     StreamRegistry,
 )
+from meshbridge.workers.link import Link
 
 if TYPE_CHECKING:
     from bridge.sources.kube_api import Credentials
 
-__all__ = ["NACKED", "NOT_SENT", "STALE", "SYNCED", "DebugAccess", "GrpcServer", "Host",
-           "Layer", "LayerError", "LayerHooks", "NowaitWriter", "Renderer", "RouteRenderer",
-           "StreamInfo", "StreamRegistry", "check_hooks", "nowait_writer",
-           "split_listen_address"]
+__all__ = [
+    "NACKED",
+    "NOT_SENT",
+    "STALE",
+    "SYNCED",
+    "DebugAccess",
+    "FeedHub",
+    "GrpcServer",
+    "Host",
+    "Layer",
+    "LayerError",
+    "LayerHooks",
+    "Limits",
+    "Link",
+    "NowaitWriter",
+    "Renderer",
+    "RouteRenderer",
+    "StreamInfo",
+    "StreamRegistry",
+    "WorkerHost",
+    "check_hooks",
+    "nowait_writer",
+    "split_listen_address",
+]
 
 T = TypeVar("T")
 
@@ -169,15 +190,58 @@ class Host(Protocol):
         """A layer's service kept under `name`."""
 
 
+# ---------------------------------------------------------------- workers (docs/workers.md)
+# With `--workers N`, the process that has the Cluster and the Views (the watcher)
+# mounts every layer as above, and also its `Layer.feeds(host, hub)` if it has one:
+# what it sends each worker over that worker's link. Each worker mounts each layer's
+# `Layer.worker(host, server)`, given a `WorkerHost`; a method no layer serves in the
+# worker is relayed to the watcher whole (meshbridge.workers.relay).
+
+
+class FeedHub(Protocol):
+    """What a layer's watcher side is given: each worker's link as it starts."""
+
+    def on_link(self, attach: Callable[[Link], None]) -> None:
+        """Call `attach(link)` for every worker's link, now and as workers (re)start;
+        a link's `on_closed` says when its worker is gone."""
+
+
+class WorkerHost(Protocol):
+    """What a layer's worker side is given: no Cluster and no Views, the link to the
+    watcher instead."""
+
+    config: MeshConfig
+    metrics: prometheus_client.CollectorRegistry
+    streams: StreamRegistry
+    link: Link
+
+    @property
+    def limits(self) -> Limits: ...
+
+    def options_for(self, kind: type[T]) -> T:
+        """This layer's options; `kind()` when none were given."""
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """Call `hook` when the worker stops (end every stream, say)."""
+
+    def keep(self, name: str, service: object) -> None:
+        """Keep the layer's worker-side service (found by name, as on a Host)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Layer:
     """A protocol layer as the App mounts it: its name (for messages), what registers
     it on the gRPC server, and the classes of options it reads (`Host.options_for`):
-    its own, and any it shares with a sibling layer."""
+    its own, and any it shares with a sibling layer. With `--workers N` the watcher
+    also calls `feeds` (what it sends each worker) and each worker calls `worker`
+    instead of `register`; a layer without `worker` is relayed to the watcher whole
+    (docs/workers.md)."""
 
     name: str
     register: Callable[[Host, GrpcServer], None]
     options: tuple[type[Any], ...] = ()
+    feeds: Callable[[Host, FeedHub], None] | None = None
+    worker: Callable[[WorkerHost, GrpcServer], None] | None = None
 
 
 class LayerError(ValueError):

@@ -23,7 +23,14 @@ class _CurrentStderr:
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+# The last configuration set in this process (None: never set), which the workers
+# it starts are given (meshbridge.workers).
+configured: tuple[str, str] | None = None
+
+
 def configure_logging(fmt: str = "console", level: str = "info") -> None:
+    global configured
+    configured = (fmt, level)
     renderer: structlog.typing.Processor
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()

@@ -19,6 +19,7 @@ import grpc
 import prometheus_client
 import structlog
 
+from h2grpc.server import AddressCounts, LocalCounts
 from meshbridge.limits import peer_address
 from meshbridge.loopmetrics import LoopCounter
 
@@ -137,10 +138,13 @@ def _code_of(context: grpc.aio.ServicerContext, error: BaseException | None) -> 
 
 
 class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, max_streams_per_client: int, metrics: GrpcMetrics | None = None) -> None:
+    def __init__(self, max_streams_per_client: int, metrics: GrpcMetrics | None = None,
+                 counts: AddressCounts | None = None) -> None:
         self.limit = max_streams_per_client
         self.metrics = metrics
-        self.open: dict[str, int] = {}
+        # Open streams per client address: this process's, or shared by the workers
+        # serving one port (meshbridge.workers.counts), so the limit is the port's.
+        self.open: AddressCounts = counts or LocalCounts()
         self.refused = 0
         # The wrapped handler of each (method, handler): built once, not per call, so
         # that an open stream holds none of it.
@@ -229,7 +233,8 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if not streaming:
             return ""
         addr = peer_address(context.peer())
-        if self.open.get(addr, 0) >= self.limit:
+        if self.open.add(addr) > self.limit:
+            self.open.remove(addr)
             self.refused += 1
             log.warning("stream refused: too many streams from one client", peer=addr,
                         limit=self.limit)
@@ -238,17 +243,12 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"more than {self.limit} concurrent streams from {addr} "
                                 "(--max-streams-per-client)")
-        self.open[addr] = self.open.get(addr, 0) + 1
         return addr
 
     def _leave(self, addr: str, counted: _Method | None, start: float,
                context: grpc.aio.ServicerContext, error: BaseException | None) -> None:
         if addr:
-            n = self.open[addr] - 1
-            if n:
-                self.open[addr] = n
-            else:
-                del self.open[addr]
+            self.open.remove(addr)
         if counted is not None and self.metrics is not None:
             counted.handled.labels(*counted.labels, _code_of(context, error)).inc()
             self.metrics.handling.labels(*counted.labels).observe(time.perf_counter() - start)

@@ -7,6 +7,7 @@ istiod's /debug/syncz, so an operator can answer "why does this proxy see that?"
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,8 @@ class StreamInfo:
     # yet converged on; 0 when it is caught up.
     pending_since: float = 0.0
     convergence: Any = None  # the histogram child, set by StreamRegistry.add
+    # The worker process serving it (`--workers N`), None in a process of its own.
+    worker: int | None = None
 
     def state(self, type_name: str) -> TypeState:
         st = self.types.get(type_name)
@@ -105,6 +108,10 @@ class StreamInfo:
         st = self.state(type_name)
         st.last_nack_error, st.last_nack_at = error, time.time()
 
+    def _worker_column(self) -> dict[str, int]:
+        # Only with workers: one process's pages stay as they were.
+        return {} if self.worker is None else {"worker": self.worker}
+
     @property
     def acks(self) -> bool:
         """Whether the protocol has ACKs (xDS) or not (Linkerd's destination API)."""
@@ -121,6 +128,7 @@ class StreamInfo:
         stream its equivalent): per type or target, version sent, version ACKed, state."""
         return {
             "id": self.id,
+            **self._worker_column(),
             "protocol": self.protocol,
             "peer": self.peer,
             "client": self.client,
@@ -140,6 +148,7 @@ class StreamInfo:
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
+            **self._worker_column(),
             "protocol": self.protocol,
             "peer": self.peer,
             "client": self.client,
@@ -164,9 +173,13 @@ class StreamInfo:
 
 
 class StreamRegistry:
-    def __init__(self, metrics: prometheus_client.CollectorRegistry | None = None) -> None:
+    def __init__(self, metrics: prometheus_client.CollectorRegistry | None = None,
+                 first_id: int = 1, worker: int | None = None) -> None:
         self._streams: dict[int, StreamInfo] = {}
-        self._ids = itertools.count(1)
+        self.worker = worker
+        # A worker numbers its streams from a first id of its own, so that the ids
+        # the watcher's pages list are unique across the processes.
+        self._ids = itertools.count(first_id)
         self.convergence: LoopHistogram | None = None
         if metrics is not None:
             # Observed once per stream per change, on the loop thread: lock-free.
@@ -177,6 +190,7 @@ class StreamRegistry:
 
     def add(self, info: StreamInfo) -> StreamInfo:
         info.id = next(self._ids)
+        info.worker = self.worker
         if self.convergence is not None:
             info.convergence = self.convergence.labels(info.protocol)
         self._streams[info.id] = info
@@ -190,6 +204,12 @@ class StreamRegistry:
 
     def all(self) -> list[StreamInfo]:
         return list(self._streams.values())
+
+    def detached(self) -> list[StreamInfo]:
+        """Copies of every stream's entry without what ties it to this process (its
+        histogram), for another process's pages."""
+        return [dataclasses.replace(s, types=dict(s.types), convergence=None)
+                for s in self._streams.values()]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -176,6 +176,7 @@ def remove_objects(folder: Path, match: Callable[[dict[str, Any]], bool]) -> lis
     return removed
 
 
-def metric(app: App, name: str, labels: dict[str, str] | None = None) -> float:
-    value = app.metrics.get_sample_value(name, labels or {})
+async def metric(app: App, name: str, labels: dict[str, str] | None = None) -> float:
+    """A sample of the app's metrics, summed over its workers if it has any."""
+    value = await app.sample_value(name, labels)
     return 0.0 if value is None else value

@@ -1,11 +1,16 @@
 """meshbridge in this process, on loopback: Apps a test starts and stops (`Apps`), and an
 App on a fixed set of objects (`serve_objects`, what the benchmarks and the fault and
 soak tests serve). Both mount every protocol layer unless told otherwise, as
-`meshbridge serve` does."""
+`meshbridge serve` does.
+
+`MESHBRIDGE_TEST_WORKERS=N` serves every App started here with N worker processes
+(docs/workers.md) unless a test says how many; `make test` runs the protocol and
+reliability tiers so as well as with the default, one process."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,11 +39,22 @@ class StaticSource:
         await asyncio.Event().wait()  # until cancelled by App.stop
 
 
+def serving_workers(grpc_transport: str = "native") -> int:
+    """How many processes serve a test's gRPC port (MESHBRIDGE_TEST_WORKERS; grpc.aio's
+    server is served by one process only)."""
+    if grpc_transport != "native":
+        return 1
+    return int(os.environ.get("MESHBRIDGE_TEST_WORKERS", "1"))
+
+
 def loopback_app(source: Source, config: MeshConfig | None = None,
                  layers: Iterable[Layer] | None = None, **options: Any) -> App:
     """An App (not started) on 127.0.0.1 with its gRPC and admin ports free ones unless
-    `options` (ServeOptions' fields) say otherwise; every protocol layer by default."""
-    serve = ServeOptions(**{"listen": "127.0.0.1:0", "admin": "127.0.0.1:0", **options})
+    `options` (ServeOptions' fields) say otherwise; every protocol layer by default,
+    served by `serving_workers()` processes unless `workers` is given."""
+    workers = serving_workers(str(options.get("grpc_transport", "native")))
+    serve = ServeOptions(**{"listen": "127.0.0.1:0", "admin": "127.0.0.1:0",
+                            "workers": workers, **options})
     return App(source, config, serve, protocol_layers() if layers is None else list(layers))
 
 

@@ -130,6 +130,14 @@ class ResourceCache:
     def port_names(self) -> list[str]:
         return self.ports.names()
 
+    def views_of(self, sub: Subscription) -> list[View]:
+        """The Views a subscription's names are watched through (EDS, LEDS)."""
+        if sub.type_url == rt.ENDPOINT:
+            return self.endpoints.views_of(sub)
+        if sub.type_url == rt.LB_ENDPOINT:
+            return self.leds.views_of(sub)
+        return []
+
     def cla_of(self, view: View) -> EncodedResource:
         """The View's CLA, encoded at most once per View version for every stream."""
         return self.endpoints.cla_of(view)

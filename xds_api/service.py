@@ -31,12 +31,25 @@ from bridge.authority import view_authority
 from bridge.model import ResolvedEndpoint, ServiceKey, ViewKey
 from bridge.routes.text import RouteRow
 from bridge.views import View
-from meshbridge.host import GrpcServer, Host, Layer, NowaitWriter, StreamInfo, nowait_writer
+from meshbridge.host import (
+    FeedHub,
+    GrpcServer,
+    Host,
+    Layer,
+    Limits,
+    NowaitWriter,
+    StreamInfo,
+    StreamRegistry,
+    WorkerHost,
+    nowait_writer,
+)
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
 from xds_api.debug_types import DebugTypes
+from xds_api.feeds import XdsFeeds
 from xds_api.metrics import XdsMetrics
+from xds_api.mirror import MirrorCache
 from xds_api.resources import (
     DEFAULT_ISTIO_CLUSTER_ID,
     DEFAULT_METADATA_PROFILE,
@@ -51,6 +64,7 @@ from xds_api.stream import (
     BadRequest,
     DeltaStream,
     Forbidden,
+    Resources,
     SotwStream,
     StreamError,
     TooManyNames,
@@ -177,7 +191,29 @@ def register(host: Host, server: GrpcServer) -> None:
     host.keep("xds", service)
 
 
-LAYER = Layer("xds_api.service", register, (XdsOptions,))
+def register_feeds(host: Host, hub: FeedHub) -> None:
+    """The watcher's side of xDS over workers: a subscription of its own per feed a
+    worker asks for (xds_api.feeds)."""
+    service: XdsService = host.service("xds")
+    hub.on_link(XdsFeeds(service.cache).attach)
+
+
+def register_worker(host: WorkerHost, server: GrpcServer) -> None:
+    """A worker's side: the same streams over a mirror of the watcher's resources
+    (xds_api.mirror); FetchEndpoints is relayed whole, and istiod's debug types are
+    not served on a worker (they read the watcher's streams: docs/workers.md)."""
+    options = host.options_for(XdsOptions)
+    metrics = XdsMetrics(host.metrics)
+    cache = MirrorCache(host.link, metrics)
+    streams = XdsStreams(cache, metrics, host.streams, host.limits, options)
+    server.add_generic_rpc_handlers(streams.handlers())
+    host.on_stop(streams.stop)
+    host.on_stop(cache.close)
+    host.keep("xds", streams)
+
+
+LAYER = Layer("xds_api.service", register, (XdsOptions,), feeds=register_feeds,
+              worker=register_worker)
 
 
 def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
@@ -191,45 +227,34 @@ def status_of(error: StreamError) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, str(error)
 
 
-class XdsService:
-    def __init__(self, host: Host, options: XdsOptions | None = None) -> None:
-        options = options or XdsOptions()
+class XdsStreams:
+    """The xDS streams of one process: the gRPC handlers, a runner per stream and the
+    write path, over whatever `Resources` says what is due — the resource cache where
+    the Views are, a worker's mirror of it elsewhere (xds_api.mirror)."""
+
+    def __init__(self, cache: Resources, metrics: XdsMetrics, streams: StreamRegistry,
+                 limits: Limits, options: XdsOptions) -> None:
         self.options = options
-        self.metrics = XdsMetrics(host.metrics)
-        cluster = host.cluster
-        views = host.views
-        if options.multicluster == "istio":
-            views.enable_istio_merge(XDS_PROTOCOLS, options.cluster_local)
-
-        def pod_labels(resolved: ResolvedEndpoint) -> Mapping[str, str]:
-            ep = resolved.endpoint
-            if not ep.pod_name:
-                return {}
-            # A linked cluster's endpoint is its own cluster's pod.
-            source = views.cluster_named(ep.id.cluster)
-            pod = source.pods.get((ep.id.namespace, ep.pod_name)) if source else None
-            return pod.meta.labels if pod is not None else {}
-
-        metadata = MetadataEncoder(options.endpoint_metadata, options.istio_cluster_id,
-                                   pod_labels)
-        self.cache = ResourceCache(cluster, host.views, host.config.cluster_domain,
-                                   draining=options.draining, metrics=self.metrics,
-                                   metadata=metadata, leds_threshold=options.leds_threshold)
-        self.streams = host.streams
+        self.metrics = metrics
+        self.cache = cache
+        self.streams = streams
         # Names per xDS request: the core's --max-resource-names.
-        self.max_names = host.limits.max_resource_names or DEFAULT_MAX_NAMES
+        self.max_names = limits.max_resource_names or DEFAULT_MAX_NAMES
         self.write_timeout = options.write_timeout
         self.runners: set[StreamRunner] = set()
-        # istiod's debug types (§9.2), where the admin port's debug pages would be.
-        self.debug = DebugTypes(host.streams, lambda: [r.stream for r in self.runners],
-                                self.cache, access=host.debug_access,
-                                cluster_id=options.istio_cluster_id)
+        # istiod's debug types (§9.2), where the admin port's debug pages would be;
+        # None where they are not served (a worker: docs/workers.md).
+        self.debug: DebugTypes | None = None
         # Streams with something to write, written in one callback at the end of this
         # loop turn (one change to 5,000 streams: one callback).
         self._due: list[StreamRunner] = []
         self._sweeper: asyncio.Task[None] | None = None
 
     def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
+        return self._handlers({})
+
+    def _handlers(self, eds_extra: dict[str, grpc.RpcMethodHandler]
+                  ) -> tuple[grpc.GenericRpcHandler, ...]:
         # grpc.aio runs a handler with the reader/writer API only if it is a coroutine
         # function; `partial` keeps that visible to it.
         def stream(cls: type[SotwStream] | type[DeltaStream], ads: bool) -> Any:
@@ -243,7 +268,7 @@ class XdsService:
             grpc.method_handlers_generic_handler(EDS_SERVICE, {
                 "StreamEndpoints": stream(SotwStream, False),
                 "DeltaEndpoints": stream(DeltaStream, False),
-                "FetchEndpoints": grpc.unary_unary_rpc_method_handler(self._fetch_endpoints),
+                **eds_extra,
             }),
         )
 
@@ -261,21 +286,6 @@ class XdsService:
             gauge.dec()
             self.streams.remove(runner.info)
             self.runners.discard(runner)
-
-    async def _fetch_endpoints(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        stream = SotwStream(self.cache, ads=False, metrics=self.metrics,
-                            max_names=self.max_names, peer=context.peer())
-        try:
-            stream.handle(decode(discovery_pb2.DiscoveryRequest, raw, self.metrics))
-            responses = stream.take_responses()
-        except StreamError as e:
-            await context.abort(*status_of(e))
-        finally:
-            stream.close()
-        if responses:
-            return responses[0]
-        empty: bytes = discovery_pb2.DiscoveryResponse(type_url=rt.ENDPOINT).SerializeToString()
-        return empty
 
     # ------------------------------------------------------------ slow consumers
 
@@ -317,6 +327,62 @@ class XdsService:
             self._sweeper.cancel()
         for runner in list(self.runners):
             runner.end()
+
+
+class XdsService(XdsStreams):
+    """The xDS layer where the Views are: the resource cache and its streams, the
+    unary FetchEndpoints, and how xDS clients see a View or a port's routes (the
+    debug pages)."""
+
+    cache: ResourceCache
+
+    def __init__(self, host: Host, options: XdsOptions | None = None) -> None:
+        options = options or XdsOptions()
+        metrics = XdsMetrics(host.metrics)
+        views = host.views
+        if options.multicluster == "istio":
+            views.enable_istio_merge(XDS_PROTOCOLS, options.cluster_local)
+
+        def pod_labels(resolved: ResolvedEndpoint) -> Mapping[str, str]:
+            ep = resolved.endpoint
+            if not ep.pod_name:
+                return {}
+            # A linked cluster's endpoint is its own cluster's pod.
+            source = views.cluster_named(ep.id.cluster)
+            pod = source.pods.get((ep.id.namespace, ep.pod_name)) if source else None
+            return pod.meta.labels if pod is not None else {}
+
+        metadata = MetadataEncoder(options.endpoint_metadata, options.istio_cluster_id,
+                                   pod_labels)
+        cache = ResourceCache(host.cluster, views, host.config.cluster_domain,
+                              draining=options.draining, metrics=metrics,
+                              metadata=metadata, leds_threshold=options.leds_threshold)
+        super().__init__(cache, metrics, host.streams, host.limits, options)
+        self.debug = DebugTypes(host.streams, lambda: [r.stream for r in self.runners],
+                                cache, access=host.debug_access,
+                                cluster_id=options.istio_cluster_id)
+
+    def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
+        return self._handlers({"FetchEndpoints": grpc.unary_unary_rpc_method_handler(
+            self._fetch_endpoints)})
+
+    async def _fetch_endpoints(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        stream = SotwStream(self.cache, ads=False, metrics=self.metrics,
+                            max_names=self.max_names, peer=context.peer())
+        try:
+            stream.handle(decode(discovery_pb2.DiscoveryRequest, raw, self.metrics))
+            responses = stream.take_responses()
+        except StreamError as e:
+            await context.abort(*status_of(e))
+        finally:
+            stream.close()
+        if responses:
+            return responses[0]
+        empty: bytes = discovery_pb2.DiscoveryResponse(type_url=rt.ENDPOINT).SerializeToString()
+        return empty
+
+    def stop(self) -> None:
+        super().stop()
         self.cache.close()
 
     # ------------------------------------------------------------ debugging
@@ -386,7 +452,7 @@ class StreamRunner:
     __slots__ = ("_context", "_cut_off", "_ending", "_message", "_nowait", "_scheduled",
                  "_soon", "_task", "_writer", "info", "service", "stream", "write_started")
 
-    def __init__(self, service: XdsService,
+    def __init__(self, service: XdsStreams,
                  stream_cls: type[SotwStream] | type[DeltaStream], ads: bool,
                  context: grpc.aio.ServicerContext) -> None:
         self.service = service
@@ -396,7 +462,7 @@ class StreamRunner:
         self.stream: XdsStream = stream_cls(
             service.cache, ads=ads, wake=self.wake, metrics=service.metrics,
             max_names=service.max_names, peer=peer, info=self.info,
-            debug=service.debug.for_client(peer, certified))
+            debug=None if service.debug is None else service.debug.for_client(peer, certified))
         self._message: Any = (discovery_pb2.DiscoveryRequest if stream_cls is SotwStream
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._context = context

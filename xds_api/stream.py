@@ -25,7 +25,7 @@ from bridge.views import View
 from meshbridge.host import StreamInfo
 from xds_api import node_identity, wire
 from xds_api import resource_types as rt
-from xds_api.caches.type_cache import Reply, Watcher
+from xds_api.caches.type_cache import Pending, Reply, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.names import collection_of
 from xds_api.resources import EncodedResource, wrap_resource
@@ -107,9 +107,12 @@ class Resources(Protocol):
     def wildcard_names(self, type_url: str) -> Iterable[str]:
         """What `*` covers for the type."""
 
-    def sotw_reply(self, sub: Subscription) -> Reply | None: ...
+    def sotw_reply(self, sub: Subscription) -> Reply | Pending | None:
+        """What a SotW subscription is due now: None if nothing, PENDING if the cache
+        cannot tell yet (then it wakes the stream when it can)."""
 
-    def delta_reply(self, sub: Subscription) -> Reply | None: ...
+    def delta_reply(self, sub: Subscription) -> Reply | Pending | None:
+        """What a delta subscription is due now (None, PENDING: as `sotw_reply`)."""
 
 
 class StreamError(Exception):
@@ -232,6 +235,8 @@ class XdsStream:
             if sub is None or not (sub.dirty or sub.must_reply):
                 continue
             reply = self._reply(sub)
+            if reply is Pending.PENDING:
+                continue  # what is due stays due; the cache wakes us when it can tell
             sub.dirty.clear()
             sub.must_reply = False
             if reply is None:
@@ -260,7 +265,7 @@ class XdsStream:
             self._unknown.clear()
         return out
 
-    def _reply(self, sub: Subscription) -> Reply | None:
+    def _reply(self, sub: Subscription) -> Reply | Pending | None:
         """What the cache says is due for this subscription (SotW or delta rules)."""
         raise NotImplementedError
 
@@ -554,7 +559,7 @@ class SotwStream(XdsStream):
         parts.append(control)
         return b"".join(parts)
 
-    def _reply(self, sub: Subscription) -> Reply | None:
+    def _reply(self, sub: Subscription) -> Reply | Pending | None:
         return self.cache.sotw_reply(sub)
 
     def _encode(self, reply: Reply, version: str, type_url: str, nonce: str) -> bytes:
@@ -694,7 +699,7 @@ class DeltaStream(XdsStream):
         parts.append(control)
         return b"".join(parts)
 
-    def _reply(self, sub: Subscription) -> Reply | None:
+    def _reply(self, sub: Subscription) -> Reply | Pending | None:
         return self.cache.delta_reply(sub)
 
     def _encode(self, reply: Reply, version: str, type_url: str, nonce: str) -> bytes:

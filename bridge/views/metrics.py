@@ -45,7 +45,7 @@ class ViewMetrics:
         self.exists.labels(*labels).set(1 if view.exists else 0)
 
     def subscribed(self, view: View) -> None:
-        self.subscribers.labels(*self._labels(view)).set(len(view.subscribers))
+        self.subscribers.labels(*self._labels(view)).set(view.subscriber_total())
 
     def dropped(self, view: View) -> None:
         labels = self._labels(view)

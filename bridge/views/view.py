@@ -103,10 +103,20 @@ class View:
         return True
 
     def subscriber_counts(self) -> dict[str, int]:
+        """Client streams by protocol. A subscriber may stand for several (a worker's
+        feed stands for that worker's streams: its `weight`)."""
         counts: dict[str, int] = {}
-        for proto in self.subscribers.values():
-            counts[proto] = counts.get(proto, 0) + 1
+        for sub, proto in self.subscribers.items():
+            counts[proto] = counts.get(proto, 0) + getattr(sub, "weight", 1)
         return counts
+
+    def subscriber_total(self) -> int:
+        return sum(getattr(sub, "weight", 1) for sub in self.subscribers)
+
+    def reweighed(self) -> None:
+        """A subscriber's weight changed: its metrics say so."""
+        if self._metrics is not None:
+            self._metrics.subscribed(self)
 
     # ------------------------------------------------------------- publishing
 

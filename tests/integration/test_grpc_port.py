@@ -68,7 +68,7 @@ async def test_streams_over_the_per_client_limit_are_refused_and_others_unaffect
             assert "--max-streams-per-client" in (err.value.details() or "")
             # The held streams are untouched; closing one makes room for a new one.
             held[0][0].cancel()
-            await eventually(lambda: app.rpc_guard.open.get("127.0.0.1", 0) < 3, HANG,
+            await eventually(lambda: app.rpc_guard.open.count("127.0.0.1") < 3, HANG,
                              "the cancelled stream's place given back")
             _, msg = await first_message(ch)
             assert msg == b"hello"

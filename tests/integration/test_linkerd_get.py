@@ -225,8 +225,8 @@ async def test_a_missing_service_retried_by_a_proxy_is_logged_once_and_counted_e
     assert [e["authority"] for e in refusals] == ["nope.shop.svc.cluster.local:80",
                                                   "gone.shop.svc.cluster.local:80"]
     assert all(e["unlogged_repeats"] == 0 for e in refusals)
-    assert metric(app, "meshbridge_destination_requests_refused_total",
-                  {"method": "Get", "code": "NOT_FOUND"}) == 6
+    assert await metric(app, "meshbridge_destination_requests_refused_total",
+                        {"method": "Get", "code": "NOT_FOUND"}) == 6
 
 
 async def test_linkerd_2_20_semantics_say_nothing_about_an_empty_service(
@@ -376,9 +376,9 @@ async def test_a_client_that_stops_reading_is_cut_off_and_others_keep_receiving(
             _big_service(demo_dir, 300, flip % 2)
             # The healthy client sees every change: add the new set, remove the old.
             assert [describe(await healthy.next())[0] for _ in range(2)] == ["add", "remove"]
-            if metric(app, *counter):
+            if await metric(app, *counter):
                 break
-        assert metric(app, *counter) == 1
+        assert await metric(app, *counter) == 1
         # The stalled client, once it reads again, gets what was in flight and then the
         # end of the stream, with status OK: it would reconnect for a fresh snapshot.
         _, status = await stalled.rest()
@@ -386,7 +386,7 @@ async def test_a_client_that_stops_reading_is_cut_off_and_others_keep_receiving(
         # The healthy one is unaffected.
         _big_service(demo_dir, 300, flip + 1)
         assert [describe(await healthy.next())[0] for _ in range(2)] == ["add", "remove"]
-        assert metric(app, *counter) == 1
+        assert await metric(app, *counter) == 1
 
 
 # ------------------------------------------------------------------ bad input
@@ -430,8 +430,8 @@ async def test_a_refusal_is_logged_once_with_the_peer_and_other_streams_go_on(
         assert all(e["peer"].startswith("ipv4:127.0.0.1:") for e in refusals)
         assert refusals[0]["reason"].endswith("invalid port 0")
         assert refusals[1]["reason"] == "request is not a GetDestination message"
-        assert metric(app, "meshbridge_destination_requests_refused_total",
-                      {"method": "Get", "code": "INVALID_ARGUMENT"}) == 2
+        assert await metric(app, "meshbridge_destination_requests_refused_total",
+                            {"method": "Get", "code": "INVALID_ARGUMENT"}) == 2
         edit(demo_dir, _set_ready("10.244.1.10", False))
         assert describe(await healthy.next()) == ("remove", ["10.244.1.10:8080"])
 
@@ -465,8 +465,10 @@ async def test_a_port_the_service_does_not_declare_is_served_as_the_target_port(
 
 
 async def _until_subscribed(app: Any, n: int, method: str = "Get") -> None:
-    await eventually(lambda: metric(app, "meshbridge_destination_streams", {"method": method}) >= n,
-                     why=f"timed out waiting for {n} {method} streams to be open")
+    async def subscribed() -> bool:
+        return await metric(app, "meshbridge_destination_streams", {"method": method}) >= n
+
+    await eventually(subscribed, why=f"timed out waiting for {n} {method} streams to be open")
 
 
 async def test_streams_are_listed_for_debugging_and_counted(
@@ -476,15 +478,18 @@ async def test_streams_are_listed_for_debugging_and_counted(
         stream = Stream(ch, "Get", WEB, TOKEN_B)
         await stream.next()
         await _until_subscribed(app, 1)
-        infos = [s for s in app.streams.all() if s.protocol == "linkerd-get"]
+        infos = [s for s in await app.stream_infos() if s.protocol == "linkerd-get"]
         assert len(infos) == 1
         info = infos[0]
         assert info.client == TOKEN_B and info.messages_sent == 1
         state = info.types[WEB]
         assert state.subscribed == (WEB,) and int(state.last_sent_version) >= 1
         stream.cancel()
-        await eventually(lambda: not app.streams.all()
-                         and not metric(app, "meshbridge_destination_streams", {"method": "Get"}),
+        async def forgotten() -> bool:
+            return not await app.stream_infos() and not await metric(
+                app, "meshbridge_destination_streams", {"method": "Get"})
+
+        await eventually(forgotten,
                          why="timed out waiting for the cancelled stream to be forgotten")
 
 

@@ -257,8 +257,8 @@ async def test_conflicting_cluster_ips_and_pod_ips_are_a_failed_precondition(
                    "found 2 services with conflicting cluster IP 10.96.10.10")
     assert pod == (grpc.StatusCode.FAILED_PRECONDITION,
                    "found 2 pods with a conflicting pod network IP 10.244.1.10")
-    assert metric(app, "meshbridge_destination_requests_refused_total",
-                  {"method": "GetProfile", "code": "FAILED_PRECONDITION"}) == 2
+    assert await metric(app, "meshbridge_destination_requests_refused_total",
+                        {"method": "GetProfile", "code": "FAILED_PRECONDITION"}) == 2
 
 
 async def test_a_port_the_service_does_not_declare_gets_its_profile_and_a_log_line(

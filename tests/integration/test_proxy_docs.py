@@ -305,7 +305,7 @@ async def test_grpc_with_the_pages_bootstrap_and_target_reaches_the_services_bac
                     and not got["errors"], got
             await eventually_seen(both, HANG, "RPCs reaching both backends", period=0)
             node_id = f"{values['POD_NAME']}.{values['POD_NAMESPACE']}"
-            [stream] = [s for s in app.streams.all() if s.client == node_id]
+            [stream] = [s for s in await app.stream_infos() if s.client == node_id]
             assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]
             assert any(v.key.filter.node_name == values["NODE_NAME"]
                        for v in app.views.views())

@@ -143,7 +143,7 @@ async def test_a_proxyless_grpc_client_splits_the_demo_canary_90_10(
         assert not got["errors"], got
         assert within_bound(got["backends"].get(CANARY_IP, 0)), got
         # The client took every route it was sent: no NACK on any type.
-        [stream] = [s for s in app.streams.all() if s.client == "canary-probe"]
+        [stream] = [s for s in await app.stream_infos() if s.client == "canary-probe"]
         for state in stream.types.values():
             assert not state.last_nack_error
             assert state.last_ack_version == state.last_sent_version

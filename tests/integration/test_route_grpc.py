@@ -151,7 +151,7 @@ async def test_grpcio_does_what_each_grpc_route_rule_says(tmp_path: Path,
         assert (slow["backends"], slow["errors"]) == ({}, {"DEADLINE_EXCEEDED": 1}), slow
         assert servers.slow == 1 and slow["seconds"] < APP_TIMEOUT_S, slow
         # grpc took every resource it was sent.
-        [stream] = [s for s in app.streams.all() if s.client == "grpc-route-probe"]
+        [stream] = [s for s in await app.stream_infos() if s.client == "grpc-route-probe"]
         assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]
         for state in stream.types.values():
             assert not state.last_nack_error

@@ -37,7 +37,7 @@ async def _what_clients_get(app: Any) -> dict[str, Any]:
             refused = None
         except grpc.aio.AioRpcError as e:
             refused = (e.code(), e.details())
-    counted = {code: metric(app, "grpc_server_handled_total", {
+    counted = {code: await metric(app, "grpc_server_handled_total", {
         "grpc_service": "io.linkerd.proxy.destination.Destination", "grpc_method": "Get",
         "grpc_type": "server_stream", "grpc_code": code}) for code in ("InvalidArgument",)}
     return {"snapshot": snapshot, "cla": [r.value for r in response.resources],

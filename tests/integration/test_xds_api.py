@@ -143,10 +143,10 @@ async def test_bad_requests_get_a_clear_status_and_leave_other_streams_alone(
         assert ("10.244.1.20", 8080) not in endpoints_of(clas(update.resources)[CATALOG])
         assert len(endpoints_of(clas(update.resources)[CATALOG])) == 5
         healthy.cancel()
-    bad = app.metrics.get_sample_value
-    assert bad("meshbridge_xds_bad_requests_total", {"reason": "undecodable"}) == 1
-    assert bad("meshbridge_xds_bad_requests_total", {"reason": "too_many_names"}) == 1
-    assert bad("pilot_xds_expired_nonce_total", {"type": "eds"}) == 1
+    bad = app.sample_value
+    assert await bad("meshbridge_xds_bad_requests_total", {"reason": "undecodable"}) == 1
+    assert await bad("meshbridge_xds_bad_requests_total", {"reason": "too_many_names"}) == 1
+    assert await bad("pilot_xds_expired_nonce_total", {"type": "eds"}) == 1
 
 
 def _views_at_most(app: App, n: int) -> Any:
@@ -213,8 +213,8 @@ async def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path,
             resp = await read(reader)
             await reader.write(request(EDS, [big], version_info=resp.version_info,
                                        response_nonce=resp.nonce))
-            cut = app.metrics.get_sample_value("pilot_xds_write_timeout_total")
-            clients = sorted(s.client for s in app.streams.all())
+            cut = await app.sample_value("pilot_xds_write_timeout_total")
+            clients = sorted(s.client for s in await app.stream_infos())
             return cut == 1 and clients == ["reader"], (cut, clients)
         await eventually_seen(cut_off, HANG, "the sleeping client cut off", period=0.1)
         with pytest.raises(grpc.aio.AioRpcError) as e:

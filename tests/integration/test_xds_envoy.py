@@ -34,9 +34,8 @@ ORDERS = "orders.shop.svc.cluster.local:9000"
 
 async def assert_no_nack(envoy: Envoy, app: App) -> None:
     assert await envoy.rejected_updates() == {}
-    registry = app.metrics
     for t in ("cds", "eds", "lds", "rds"):
-        assert not registry.get_sample_value("pilot_total_xds_rejects_total", {"type": t})
+        assert not await app.sample_value("pilot_total_xds_rejects_total", {"type": t})
     dump = await envoy.get_json("/config_dump?resource=dynamic_warming_clusters")
     assert dump.get("configs", []) == []
 
@@ -84,7 +83,7 @@ async def test_envoy_follows_the_demo_cluster(api_type: str, demo_dir: Path, tmp
         await assert_no_nack(envoy, app)
         print("follow times", api_type, [round(t, 3) for t in took])
         # The stream was one ADS stream the whole time, of the expected variant.
-        [info] = [s for s in app.streams.all() if s.client == envoy.node_id]
+        [info] = [s for s in await app.stream_infos() if s.client == envoy.node_id]
         assert info.protocol == ("xds-delta" if api_type == "DELTA_GRPC" else "xds-sotw")
 
 

@@ -47,7 +47,7 @@ async def test_envoy_loses_a_deleted_services_endpoints_and_regains_them(
                      static_clusters=[eds_cluster(STATIC_BILLING, BILLING)]) as envoy:
         await hosts_become(envoy, BILLING, billing, HANG, "billing's endpoints")
         await hosts_become(envoy, STATIC_BILLING, billing, HANG, "the static cluster's")
-        sent_before = app.metrics.get_sample_value("pilot_xds_pushes_total", {"type": "eds"})
+        sent_before = await app.sample_value("pilot_xds_pushes_total", {"type": "eds"})
 
         edits.delete_service("40-legacy.yaml", "legacy", "billing")
         await hosts_become(envoy, BILLING, set(), HANG, "billing deleted")
@@ -61,9 +61,8 @@ async def test_envoy_loses_a_deleted_services_endpoints_and_regains_them(
         await hosts_become(envoy, BILLING, billing, HANG, "billing recreated")
         await hosts_become(envoy, STATIC_BILLING, billing, HANG, "the static cluster too")
         assert await envoy.rejected_updates() == {}
-        assert not app.metrics.get_sample_value("pilot_total_xds_rejects_total",
-                                                {"type": "eds"})
-        assert (app.metrics.get_sample_value("pilot_xds_pushes_total", {"type": "eds"})
+        assert not await app.sample_value("pilot_total_xds_rejects_total", {"type": "eds"})
+        assert (await app.sample_value("pilot_xds_pushes_total", {"type": "eds"})
                 or 0) > (sent_before or 0)
 
 
@@ -89,7 +88,7 @@ async def test_envoy_follows_every_demo_service_over_leds(
         await follows(envoy, expected, HANG, "every demo service port, over LEDS")
         # Envoy's catalog endpoints came over LEDS (one subscription per zone).
         assert await leds_updates(envoy, CATALOG) >= 3
-        leds_pushes = app.metrics.get_sample_value("pilot_xds_pushes_total", {"type": "leds"})
+        leds_pushes = await app.sample_value("pilot_xds_pushes_total", {"type": "leds"})
         assert leds_pushes
 
         edits.remove_endpoint("20-shop.yaml", "shop", "catalog-5m7kp", "10.244.3.21")
@@ -109,8 +108,7 @@ async def test_envoy_follows_every_demo_service_over_leds(
 
         assert await envoy.rejected_updates() == {}
         for t in ("cds", "eds", "leds"):
-            assert not app.metrics.get_sample_value("pilot_total_xds_rejects_total",
-                                                    {"type": t})
+            assert not await app.sample_value("pilot_total_xds_rejects_total", {"type": t})
         dump = await envoy.get_json("/config_dump?resource=dynamic_warming_clusters")
         assert dump.get("configs", []) == []
         print("LEDS follow times", [round(t, 3) for t in took])
@@ -199,24 +197,24 @@ async def test_envoy_follows_a_5000_endpoint_service_over_leds_one_small_push_a_
     app: App = await make_app(demo_dir)
     expected = {big_address(h) for h in range(BIG_SIZE)}
 
-    def pushed() -> tuple[float, float]:
-        get = app.metrics.get_sample_value
-        return (get("pilot_xds_pushes_total", {"type": "leds"}) or 0.0,
-                get("pilot_xds_push_bytes_total", {"type": "leds"}) or 0.0)
+    async def pushed() -> tuple[float, float]:
+        get = app.sample_value
+        return (await get("pilot_xds_pushes_total", {"type": "leds"}) or 0.0,
+                await get("pilot_xds_push_bytes_total", {"type": "leds"}) or 0.0)
 
     # No node metadata: the service is above the default threshold, so LEDS it is.
     async with Envoy(binary(), tmp_path / "envoy", app.grpc_port, "DELTA_GRPC") as envoy:
         await hosts_become(envoy, BIG, expected, HANG, "all 5,000 endpoints")
         assert await leds_updates(envoy, BIG) >= 3
         for step, hosts in enumerate((range(0, 99), range(0, 100))):  # remove, add back
-            before = pushed()
+            before = await pushed()
             edits.write("61-big-000.yaml", big_slice(0, hosts))
             if step == 0:
                 expected.discard(big_address(99))
             else:
                 expected.add(big_address(99))
             await hosts_become(envoy, BIG, expected, HANG, f"change {step}")
-            after = pushed()
+            after = await pushed()
             # One LEDS response to the one stream, of one endpoint's size.
             assert after[0] - before[0] == 1, (before, after)
             assert after[1] - before[1] < 400, (before, after)

@@ -122,7 +122,7 @@ async def test_proxyless_grpc_reaches_both_backends_then_only_the_one_left(
             return set(got["backends"]) == set(BACKENDS) and not got["errors"], got
         await eventually_seen(both, HANG, "RPCs reaching both backends", period=0)
 
-        [stream] = [s for s in app.streams.all() if s.client == "proxyless-probe"]
+        [stream] = [s for s in await app.stream_infos() if s.client == "proxyless-probe"]
         eds = stream.types["eds"]
         before = eds.last_sent_version
         edits.remove_endpoint("echo.yaml", "xdstest", "echo-1", "127.0.0.3")
@@ -154,4 +154,4 @@ async def test_proxyless_grpc_reaches_both_backends_then_only_the_one_left(
             proc.kill()
         await proc.wait()
     for t in ("cds", "eds", "lds", "rds"):
-        assert not app.metrics.get_sample_value("pilot_total_xds_rejects_total", {"type": t})
+        assert not await app.sample_value("pilot_total_xds_rejects_total", {"type": t})

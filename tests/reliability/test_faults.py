@@ -72,10 +72,15 @@ async def test_clients_cancelling_mid_write_during_churn_leave_nothing_behind() 
         await stayers.converged(app, 30)
         # Nothing of the 900 cancelled streams is left: no stream, no View subscriber.
         expected = len(stayers.followers)
-        await eventually(lambda: len(app.streams) == expected, 20,
-                         lambda: f"{len(app.streams)} streams open, {expected} expected",
-                         period=0.05)
-        subscribers = sum(len(v.subscribers) for v in app.views.views())
+        open_now: list[int] = []
+
+        async def only_stayers() -> bool:
+            open_now[:] = [len(await app.stream_infos())]
+            return open_now[0] == expected
+
+        await eventually(only_stayers, 20,
+                         lambda: f"{open_now} streams open, {expected} expected", period=0.05)
+        subscribers = sum(v.subscriber_total() for v in app.views.views())
         assert subscribers == expected, subscribers
     finally:
         await stayers.stop()

@@ -13,7 +13,7 @@ from bridge.authority import AuthorityError
 from linkerd_api.authority import parse_context_token, parse_service_name, split_host_port
 from linkerd_api.errors import BadRequest
 from linkerd_api.proto import destination_pb2
-from linkerd_api.service import _decode
+from linkerd_api.writer import decode_request as _decode
 
 WORD = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30)
 

@@ -144,6 +144,11 @@ class EndpointWatch:
         self.view = view
         self.state = view.derived(self.cache.clas)
 
+    @property
+    def weight(self) -> int:
+        """How many client streams this watch stands for (a worker's feed: many)."""
+        return getattr(self.watcher, "weight", 1)
+
     def on_view_change(self, view: View, change: ViewChange) -> None:
         self.joined(view)
         self.watcher.endpoints_changed(self.name, view)
@@ -245,6 +250,10 @@ class EndpointCache:
         if watch is None:
             return self.get(name, sub.node_name, delta=sub.delta)
         return watch.resource()
+
+    def views_of(self, sub: Subscription) -> list[View]:
+        """The Views `sub`'s names are watched through."""
+        return [w.view for w in self._watches.get(sub, {}).values() if w.view is not None]
 
     def uses_leds(self, sub: Subscription, view: View) -> bool:
         """Whether this subscription gets the View's CLA as LEDS collections (§7)."""

@@ -21,7 +21,8 @@ behalf, like an EDS watch, handed the View's members on every version.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import Derivation, InvalidService, View, ViewChange, ViewRegistry
@@ -155,6 +156,11 @@ class CollectionWatch:
     def name(self) -> str:
         return self.collection
 
+    @property
+    def weight(self) -> int:
+        """How many client streams this watch stands for (a worker's feed: many)."""
+        return getattr(self.watcher, "weight", 1)
+
     def joined(self, view: View) -> None:
         self.view = view
         self.state = view.derived(self.cache.members_of)
@@ -207,6 +213,14 @@ class LedsCache:
             return None
         return watch.state.members.get(collection, {})
 
+    def views_of(self, sub: Subscription) -> list[View]:
+        """The Views `sub`'s collections are watched through."""
+        return [w.view for w in self._watches.get(sub, {}).values() if w.view is not None]
+
+    def watch_of(self, sub: Subscription, collection: str) -> CollectionWatch | None:
+        """`sub`'s watch of `collection`, if it watches it."""
+        return self._watches.get(sub, {}).get(collection)
+
     def wildcard_names(self) -> Iterable[str]:
         return ()
 
@@ -232,69 +246,16 @@ class LedsCache:
     # ------------------------------------------------------------------ deciding
 
     def delta_reply(self, sub: Subscription) -> Reply | None:
-        """What a delta LEDS subscription is due (§7.3): per dirty collection, the
-        members whose version the client does not hold and the members it holds that
-        left; a subscribed collection that does not exist is reported removed, once.
-
-        A stream whose collection was last answered at a version the View's log still
-        covers compares only the members changed since (O(change)); otherwise, or
-        after anything else touched what it holds, the whole collection, once."""
-        collections: set[str] = set()
-        for name in sub.dirty:
-            collection = collection_of(name)
-            collections.add(collection)
-            if name != collection:
-                sub.leds_synced.pop(collection, None)  # a member named on its own
-        held: dict[str, list[str]] | None = None
-        send: list[EncodedResource] = []
-        removed: list[str] = []
+        """What a delta LEDS subscription is due (§7.3): see `members_reply`."""
         watches = self._watches.get(sub, {})
-        for collection in sorted(collections):
-            watch = watches.get(collection) if collection in sub.names else None
-            view = watch.view if watch is not None else None
-            state = watch.state if watch is not None else None
-            if view is None or state is None or not view.exists:
-                sub.leds_synced.pop(collection, None)
-                held = held if held is not None else self._held(sub, collections)
-                removed.extend(sorted(n for n in held[collection] if sub.sent[n] != ABSENT))
-                if collection in sub.names and sub.sent.get(collection) != ABSENT:
-                    removed.append(collection)
-                continue
-            if sub.sent.get(collection) == ABSENT:
-                del sub.sent[collection]  # it exists again: members are what it holds
-            members = state.members.get(collection, {})
-            synced = sub.leds_synced.get(collection)
-            changed = (state.changed_since(synced[1], collection)
-                       if synced is not None and synced[0] is state else None)
-            if changed is None:
-                held = held if held is not None else self._held(sub, collections)
-                for name in sorted(members):
-                    res = members[name]
-                    if sub.sent.get(name) != res.version:
-                        send.append(res)
-                removed.extend(sorted(n for n in held[collection] if n not in members))
-            else:
-                for name in sorted(changed):
-                    member = members.get(name)
-                    if member is not None:
-                        if sub.sent.get(name) != member.version:
-                            send.append(member)
-                    elif name in sub.sent:
-                        removed.append(name)
-            sub.leds_synced[collection] = (state, state.version)
-        if not send and not removed and not sub.must_reply:
-            return None
-        return Reply(rt.LB_ENDPOINT, tuple(send), tuple(removed))
 
-    @staticmethod
-    def _held(sub: Subscription, collections: set[str]) -> dict[str, list[str]]:
-        """The members `sub` holds of each of `collections` (a pass over all it holds)."""
-        held: dict[str, list[str]] = {c: [] for c in collections}
-        for name in sub.sent:
-            bucket = held.get(collection_of(name))
-            if bucket is not None and name != collection_of(name):
-                bucket.append(name)
-        return held
+        def state_of(collection: str) -> MemberState | None:
+            watch = watches.get(collection)
+            if watch is None or watch.view is None or not watch.view.exists:
+                return None
+            return watch.state
+
+        return members_reply(sub, state_of)
 
     # ------------------------------------------------------------------ watching
 
@@ -337,3 +298,82 @@ class LedsCache:
     def services_changed(self, services: Iterable[ServiceKey]) -> None:
         """Retry the blocked watches of these services: one may be watchable now."""
         retry_blocked(self.views, self._blocked, services, rt.LB_ENDPOINT)
+
+
+class MemberView(Protocol):
+    """A View's LEDS members as `members_reply` reads them: `MemberState` in the
+    process that has the View, a worker's mirror of it elsewhere."""
+
+    @property
+    def members(self) -> dict[str, dict[str, EncodedResource]]: ...
+
+    @property
+    def version(self) -> int: ...
+
+    def changed_since(self, version: int, collection: str) -> set[str] | None: ...
+
+
+def members_reply(sub: Subscription, state_of: Callable[[str], MemberView | None]
+                  ) -> Reply | None:
+    """What a delta LEDS subscription is due (§7.3): per dirty collection, the
+    members whose version the client does not hold and the members it holds that
+    left; a subscribed collection that does not exist is reported removed, once.
+    `state_of(collection)` is the collection's members, or None when it does not
+    exist (not watched, its service gone).
+
+    A stream whose collection was last answered at a version the View's log still
+    covers compares only the members changed since (O(change)); otherwise, or
+    after anything else touched what it holds, the whole collection, once."""
+    collections: set[str] = set()
+    for name in sub.dirty:
+        collection = collection_of(name)
+        collections.add(collection)
+        if name != collection:
+            sub.leds_synced.pop(collection, None)  # a member named on its own
+    held: dict[str, list[str]] | None = None
+    send: list[EncodedResource] = []
+    removed: list[str] = []
+    for collection in sorted(collections):
+        state = state_of(collection) if collection in sub.names else None
+        if state is None:
+            sub.leds_synced.pop(collection, None)
+            held = held if held is not None else _held(sub, collections)
+            removed.extend(sorted(n for n in held[collection] if sub.sent[n] != ABSENT))
+            if collection in sub.names and sub.sent.get(collection) != ABSENT:
+                removed.append(collection)
+            continue
+        if sub.sent.get(collection) == ABSENT:
+            del sub.sent[collection]  # it exists again: members are what it holds
+        members = state.members.get(collection, {})
+        synced = sub.leds_synced.get(collection)
+        changed = (state.changed_since(synced[1], collection)
+                   if synced is not None and synced[0] is state else None)
+        if changed is None:
+            held = held if held is not None else _held(sub, collections)
+            for name in sorted(members):
+                res = members[name]
+                if sub.sent.get(name) != res.version:
+                    send.append(res)
+            removed.extend(sorted(n for n in held[collection] if n not in members))
+        else:
+            for name in sorted(changed):
+                member = members.get(name)
+                if member is not None:
+                    if sub.sent.get(name) != member.version:
+                        send.append(member)
+                elif name in sub.sent:
+                    removed.append(name)
+        sub.leds_synced[collection] = (state, state.version)
+    if not send and not removed and not sub.must_reply:
+        return None
+    return Reply(rt.LB_ENDPOINT, tuple(send), tuple(removed))
+
+
+def _held(sub: Subscription, collections: set[str]) -> dict[str, list[str]]:
+    """The members `sub` holds of each of `collections` (a pass over all it holds)."""
+    held: dict[str, list[str]] = {c: [] for c in collections}
+    for name in sub.sent:
+        bucket = held.get(collection_of(name))
+        if bucket is not None and name != collection_of(name):
+            bucket.append(name)
+    return held

@@ -8,6 +8,7 @@ cache's to say.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -40,12 +41,37 @@ class Reply:
     removed: tuple[str, ...] = ()
 
 
-class TypeCache(Protocol):
-    """One xDS type's resources: what exists, at which version, and who watches it."""
+class Pending(enum.Enum):
+    """What a cache answers while it cannot tell yet what a subscription is due (a
+    worker's mirror still waiting for the watcher's first answer about a name): the
+    subscription's due names stay due, and the cache wakes its stream once it can
+    tell (meshbridge's workers, docs/workers.md)."""
+
+    PENDING = "pending"
+
+
+PENDING = Pending.PENDING
+
+
+class ReplySource(Protocol):
+    """What the SotW and delta reply rules read of one type's resources."""
 
     type_url: str
     # §1.6: in SotW, every response of this type carries the whole subscribed set.
     full_state: bool
+
+    def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
+        """The resource as `sub` is due it (EDS: through the View it watches)."""
+
+    def wildcard_names(self) -> Iterable[str]:
+        """What `*` covers for this type."""
+
+    def covers(self, name: str) -> bool:
+        """Whether `*` covers `name`."""
+
+
+class TypeCache(ReplySource, Protocol):
+    """One xDS type's resources: what exists, at which version, and who watches it."""
 
     def version(self) -> str:
         """How often the type changed in this process (tests and debugging; a
@@ -54,9 +80,6 @@ class TypeCache(Protocol):
     def get(self, name: str, node_name: str = "") -> EncodedResource | None:
         """The resource as it is now, or None if it does not exist."""
 
-    def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
-        """The resource as `sub` is due it (EDS: through the View it watches)."""
-
     def watch(self, sub: Subscription, names: Iterable[str], watcher: Watcher) -> None: ...
 
     def unwatch(self, sub: Subscription, names: Iterable[str], watcher: Watcher) -> None: ...
@@ -64,12 +87,6 @@ class TypeCache(Protocol):
     def watch_wildcard(self, watcher: Watcher) -> None: ...
 
     def unwatch_wildcard(self, watcher: Watcher) -> None: ...
-
-    def wildcard_names(self) -> Iterable[str]:
-        """What `*` covers for this type."""
-
-    def covers(self, name: str) -> bool:
-        """Whether `*` covers `name`."""
 
 
 class Version:
@@ -121,7 +138,7 @@ class NamedWatchers:
                 w.resource_changed(self.type_url, name)
 
 
-def sotw_reply(cache: TypeCache, sub: Subscription) -> Reply | None:
+def sotw_reply(cache: ReplySource, sub: Subscription) -> Reply | None:
     """What a SotW subscription is due now, or None if nothing (§1.6, §1.8)."""
     t = cache.type_url
     if cache.full_state:
@@ -149,7 +166,7 @@ def sotw_reply(cache: TypeCache, sub: Subscription) -> Reply | None:
     return Reply(t, tuple(due))
 
 
-def delta_reply(cache: TypeCache, sub: Subscription) -> Reply | None:
+def delta_reply(cache: ReplySource, sub: Subscription) -> Reply | None:
     """What a delta subscription is due now (§2): resources whose version differs
     from what the client holds, and names it holds (or asked for) that do not exist."""
     send: list[EncodedResource] = []
