@@ -519,7 +519,7 @@ def early_kube_source(argv: Sequence[str]) -> Any:
     are not any layer's; anything amiss (a bad flag, no credentials, access denied)
     leaves it to `serve` to find and report as ever."""
     command = next((a for a in argv if not a.startswith("-")), None)
-    if command != "serve":
+    if command != "serve" or "-h" in argv or "--help" in argv:  # help reads no cluster
         return None
     parser = _QuietParser(add_help=False)
     _add_serve(parser, with_layers=False)
