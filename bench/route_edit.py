@@ -9,11 +9,12 @@ meshbridge (every protocol layer, as `serve` mounts them) runs in this process; 
 streams run in client processes of their own on 127.0.0.1, each kind in its own
 (`--procs` per kind), niced (`--client-nice`) so that the clients' decoding yields to
 the server, on bench/h2client.py's lean connections (each response decoded; each RDS
-response ACKed), so that the figure is the server's. Each run applies the edited route
-straight to the cluster cache and measures the time from that apply to the moment the
-first and the *last* stream of each kind decoded the new message (CLOCK_MONOTONIC is
-one clock for every process); the figures are medians over the runs. The server is
-idle before each run.
+response ACKed; each message checked to carry the edit's canary weight: in full once
+per edit and process, then as the same bytes), so that the figure is the server's.
+Each run applies the edited route straight to the cluster cache and measures the time
+from that apply to the moment the first and the *last* stream of each kind decoded
+the new message (CLOCK_MONOTONIC is one clock for every process); the figures are
+medians over the runs. The server is idle before each run.
 
 Where the time goes, per run: the apply itself (the route recomputed, the policy
 watches written in the same call), the moment every message of the edit has been
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 import time
@@ -47,12 +49,28 @@ ADS_SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggrega
 WATCH = "/io.linkerd.proxy.outbound.OutboundPolicies/Watch"
 RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 KINDS = ("rds", "policy")
+_NONCE_TAG = 5 << 3 | 2  # field 5, length-delimited: a response's nonce, an ACK's too
 
 
 def service(name: str, ip: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
             "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80,
                                                  "targetPort": 8080}]}}
+
+
+def canary_weight(run: int) -> int:
+    """The canary's weight after edit `run` (0: the route the server starts with)."""
+    return 20 if run % 2 else 10
+
+
+def canary_seen(rows: list[Any]) -> int | None:
+    """The canary backend's weight in a route table's rows (RouteRow.to is
+    "web... 90, web-canary... 10"), None if no row names it."""
+    for r in rows:
+        found = re.search(r"web-canary\S* (\d+)", r.to)
+        if found:
+            return int(found.group(1))
+    return None
 
 
 def route(canary_weight: int) -> dict[str, Any]:
@@ -78,10 +96,78 @@ def decoded(docs: list[dict[str, Any]]) -> list[KubeObject]:
 # ---------------------------------------------------------------------- the client
 
 
+class EditReader:
+    """What one client process makes of each message of one kind: whether it says what
+    edit `n` says (the canary's weight), and for RDS the ACK to send.
+
+    The first message of each edit is decoded in full and its route table read; every
+    other stream's message of that edit must then be the same bytes: an OutboundPolicy
+    whole; an RDS response up to its nonce (the DiscoveryResponse's version, resources
+    and type), the nonce read from the wire for the ACK. So each message is checked
+    while the client's CPU per message stays well below the server's (the figure is
+    the server's); a message that differs is decoded and checked in full."""
+
+    def __init__(self, rds: bool) -> None:
+        from envoy.service.discovery.v3 import discovery_pb2
+
+        self.rds = rds
+        self._response = discovery_pb2.DiscoveryResponse
+        self._request = discovery_pb2.DiscoveryRequest
+        # Per edit: the bytes every message has (RDS: before its nonce), and for RDS
+        # the ACK's fields before its nonce.
+        self._known: dict[int, bytes] = {}
+        self._ack_head: dict[int, bytes] = {}
+
+    def read(self, n: int, raw: bytes) -> tuple[bool, bytes]:
+        """(says edit n, the ACK to send or b"")."""
+        known = self._known.get(n)
+        if known is not None:
+            if not self.rds:
+                if raw == known:
+                    return True, b""
+            elif raw.startswith(known) and len(raw) > len(known) + 1:
+                # DiscoveryResponse.nonce and DiscoveryRequest.response_nonce are both
+                # field 5 (tag 0x2a): the nonce field is the ACK's as it stands.
+                at = len(known)
+                size = raw[at + 1]
+                if raw[at] == _NONCE_TAG and size < 0x80:
+                    return True, self._ack_head[n] + raw[at:at + 2 + size]
+        return self._read_in_full(n, raw)
+
+    def _read_in_full(self, n: int, raw: bytes) -> tuple[bool, bytes]:
+        from envoy.config.route.v3 import route_pb2
+
+        from linkerd_api.policy.text import policy_rows
+        from linkerd_api.proto import outbound_pb2 as ob
+        from xds_api import wire
+        from xds_api.route_text import route_config_rows
+
+        if not self.rds:
+            rows = policy_rows(ob.OutboundPolicy.FromString(raw))[1]
+            ok = canary_seen(rows) == canary_weight(n)
+            if ok:
+                self._known.setdefault(n, raw)
+            return ok, b""
+        message = self._response.FromString(raw)
+        ack = self._request(type_url=RDS, resource_names=[TARGET],
+                            version_info=message.version_info)
+        ack_head = ack.SerializeToString()
+        ack.response_nonce = message.nonce
+        content = message.resources[0].value if len(message.resources) == 1 else b""
+        rows = route_config_rows(route_pb2.RouteConfiguration.FromString(content))
+        ok = canary_seen(rows) == canary_weight(n)
+        nonce_at = raw.rfind(wire.string_field(5, message.nonce))
+        if ok and nonce_at > 0 and n not in self._known:
+            self._known[n] = raw[:nonce_at]
+            self._ack_head[n] = ack_head
+        return ok, ack.SerializeToString()
+
+
 async def run_client(args: argparse.Namespace) -> int:
     """One client process: `--streams` streams of one `--kind` over `--channels`
-    connections. For every edit it reports when its first and its last stream decoded
-    the new message, and the CPU it spent since the previous report."""
+    connections. For every edit it reports when its first and its last stream had
+    read (and checked) the new message, how many messages did not say what the edit
+    says, and the CPU it spent since the previous report."""
     from envoy.service.discovery.v3 import discovery_pb2
 
     from bench.h2client import LeanConnection
@@ -92,25 +178,25 @@ async def run_client(args: argparse.Namespace) -> int:
     seen: dict[tuple[int, int], int] = {}
     received: dict[int, int] = {}
     first_at: dict[int, float] = {}
+    wrong: dict[int, int] = {}
+    edits = EditReader(rds)
     opened = 0
     ready = asyncio.Event()
     conns: list[LeanConnection] = []
-    Response, Request = discovery_pb2.DiscoveryResponse, discovery_pb2.DiscoveryRequest
+    Request = discovery_pb2.DiscoveryRequest
     cpu_before = cpu_seconds()
 
     def on_message_of(ci: int) -> Any:
         def on_message(sid: int, raw: bytes) -> None:
             nonlocal opened, cpu_before
-            now = time.monotonic()
             key = (ci, sid)
             n = seen[key] = seen.get(key, -1) + 1
-            if rds:
-                resp = Response.FromString(raw)
-                conns[ci].send(sid, Request(
-                    type_url=RDS, resource_names=[TARGET], version_info=resp.version_info,
-                    response_nonce=resp.nonce).SerializeToString())
-            else:
-                ob.OutboundPolicy.FromString(raw)
+            ok, ack = edits.read(n, raw)
+            now = time.monotonic()  # read and checked
+            if ack:
+                conns[ci].send(sid, ack)
+            if not ok:
+                wrong[n] = wrong.get(n, 0) + 1
             if n == 0:
                 opened += 1
                 if opened == args.streams:
@@ -121,7 +207,7 @@ async def run_client(args: argparse.Namespace) -> int:
             if count == args.streams:
                 cpu = cpu_seconds()
                 out_line(run=n, kind=args.kind, first=first_at[n], last=now,
-                         cpu_ms=(cpu - cpu_before) * 1000)
+                         wrong=wrong.get(n, 0), cpu_ms=(cpu - cpu_before) * 1000)
                 cpu_before = cpu
         return on_message
 
@@ -141,7 +227,7 @@ async def run_client(args: argparse.Namespace) -> int:
             conns[ci].open(WATCH, spec.SerializeToString(), end_stream=True)
     await asyncio.wait_for(ready.wait(), 300)
     cpu_before = cpu_seconds()
-    out_line(ready=args.streams)
+    out_line(ready=args.streams, wrong=wrong.get(0, 0))
     reader = await commands()
     await reader.read()  # until the parent closes stdin
     for c in conns:
@@ -205,14 +291,16 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         children = await start_clients(args, f"127.0.0.1:{app.grpc_port}")
         for c in children:
-            await c.line()  # every stream of that process holds its first answer
+            # Every stream of that process holds its first answer.
+            first = await c.line()
+            assert not first["wrong"], f"{first['wrong']} first answers without the route"
         await eventually(lambda: len(xds.runners) >= args.streams
                          and len(policy.streams) >= args.streams and idle(), 120,
                          "streams open and idle")
         profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
             await eventually(idle, 120, "server idle before a run")
-            edit = decoded([route(20 if run % 2 else 10)])
+            edit = decoded([route(canary_weight(run))])
             rds0, pol0 = rds_encodings(), policy.encodings
             cpu0, thread0 = cpu_seconds(), time.thread_time()
             t0 = time.monotonic()
@@ -231,6 +319,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             for k in KINDS:
                 mine = [g for g in got if g["kind"] == k]
                 assert all(g["run"] == run for g in mine), mine
+                # Every stream's message says what the edit says (canary weight).
+                assert not any(g["wrong"] for g in mine), mine
                 figures[k]["first_ms"].append((min(g["first"] for g in mine) - t0) * 1000)
                 figures[k]["last_ms"].append((max(g["last"] for g in mine) - t0) * 1000)
                 figures[k]["client_cpu_ms"].append(sum(g["cpu_ms"] for g in mine))

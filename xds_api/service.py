@@ -311,8 +311,11 @@ class XdsStreams:
     def _write_due(self) -> None:
         due, self._due = self._due, []
         self.shared.tick()
-        for runner in due:
-            runner.write_now()
+        try:
+            for runner in due:
+                runner.write_now()
+        finally:
+            self.shared.end_batch()
 
     def _ensure_sweeper(self) -> None:
         if self._sweeper is None or self._sweeper.done():

@@ -39,6 +39,11 @@ class SharedResponses:
         self.now += 1
         self._now_text = str(self.now)
 
+    def end_batch(self) -> None:
+        """The batch is written: its responses are the connections' now, not kept
+        here (a big one would otherwise live until the next change)."""
+        self._memo.clear()
+
     def nonce_after(self, last: int) -> int:
         """A stream's next nonce, given its last one (§1.3: unique on the stream)."""
         now = self.now

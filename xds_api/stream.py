@@ -66,6 +66,43 @@ _DELTA_CONTROL = wire.length_delimited(_DELTA_CONTROL_PLANE, _CONTROL_PLANE)
 _TYPE_FIELDS: dict[tuple[int, str], bytes] = {}
 
 
+# A SotW response is the same bytes for every stream of a fan-out up to its nonce:
+# the head (version, resources, type) of the last response framed is kept, if small,
+# so that each further stream only adds its nonce. A large head (a big CLA) is not
+# kept: it is joined per stream into the response itself, as the assembly intends.
+_SOTW_HEAD_MAX = 64 * 1024
+_SotwHeadKey = tuple[str, tuple[EncodedResource, ...], str]
+_sotw_head: tuple[_SotwHeadKey, bytes | None] | None = None
+
+
+def _sotw_head_of(version: str, resources: tuple[EncodedResource, ...],
+                  type_url: str) -> bytes | None:
+    """The head of a SotW response of these resources; None if too big to keep."""
+    global _sotw_head
+    key = (version, resources, type_url)
+    kept = _sotw_head
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    head: bytes | None = None
+    if sum(len(p) for r in resources for p in r.any_parts) <= _SOTW_HEAD_MAX:
+        head = b"".join(_sotw_parts(version, resources, type_url))
+    _sotw_head = (key, head)
+    return head
+
+
+def _sotw_parts(version: str, resources: Iterable[EncodedResource], type_url: str,
+                anys: Iterable[bytes] = ()) -> list[bytes]:
+    """A SotW response up to its nonce, in the field order protobuf writes: version,
+    resources (then `anys`, other resources as Any bytes), type."""
+    parts = [wire.string_field(_SOTW_VERSION, version)]
+    for r in resources:
+        parts.append(r.sotw_prefix)
+        parts.extend(r.any_parts)
+    parts.extend(wire.length_delimited(_SOTW_RESOURCES, a) for a in anys)
+    parts.append(_type_field(_SOTW_TYPE, type_url))
+    return parts
+
+
 def _type_field(number: int, type_url: str) -> bytes:
     key = (number, type_url)
     field = _TYPE_FIELDS.get(key)
@@ -618,13 +655,7 @@ class SotwStream(XdsStream):
     def _frame(self, version: str, resources: Iterable[EncodedResource], type_url: str,
                nonce: str, anys: Iterable[bytes] = (), control: bytes = _SOTW_CONTROL
                ) -> bytes:
-        # Field order as protobuf writes it: version, resources, type, nonce, control.
-        parts = [wire.string_field(_SOTW_VERSION, version)]
-        for r in resources:
-            parts.append(r.sotw_prefix)
-            parts.extend(r.any_parts)
-        parts.extend(wire.length_delimited(_SOTW_RESOURCES, a) for a in anys)
-        parts.append(_type_field(_SOTW_TYPE, type_url))
+        parts = _sotw_parts(version, resources, type_url, anys)
         parts.append(wire.string_field(_SOTW_NONCE, nonce))
         parts.append(control)
         return b"".join(parts)
@@ -635,8 +666,17 @@ class SotwStream(XdsStream):
     def _encode(self, reply: Reply, version: str, type_url: str, nonce: str) -> bytes:
         resources = reply.resources
         key = (type_url, version, *map(id, resources))
-        return self._shared.encoded(self._nonce, key, resources, lambda: self._frame(
+        return self._shared.encoded(self._nonce, key, resources, lambda: self._own_response(
             version, resources, type_url, nonce))
+
+    def _own_response(self, version: str, resources: tuple[EncodedResource, ...],
+                      type_url: str, nonce: str) -> bytes:
+        """A response no other stream of the batch sends (its nonce its own): the
+        last head framed is still shared, when small."""
+        head = _sotw_head_of(version, resources, type_url)
+        if head is None:
+            return self._frame(version, resources, type_url, nonce)
+        return b"".join((head, wire.string_field(_SOTW_NONCE, nonce), _SOTW_CONTROL))
 
     def _record_sent(self, sub: Subscription, reply: Reply) -> None:
         if sub.type_url in rt.FULL_STATE:

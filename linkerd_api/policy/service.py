@@ -37,7 +37,16 @@ from linkerd_api.policy.workload import BadWorkload, Workload, parse_workload
 from linkerd_api.proto import inbound_pb2 as ib
 from linkerd_api.proto import outbound_pb2 as ob
 from linkerd_api.service import LinkerdOptions
-from meshbridge.host import GrpcServer, Host, Layer, NowaitWriter, StreamInfo, nowait_writer
+from meshbridge.host import (
+    GrpcServer,
+    Host,
+    Layer,
+    NowaitWriter,
+    Sender,
+    StreamInfo,
+    nowait_writer,
+    sender,
+)
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
 
@@ -48,6 +57,10 @@ INBOUND_SERVICE = "io.linkerd.proxy.inbound.InboundServerPolicies"
 
 # The protocol a Watch is listed under on /debug/streams.
 STREAM_PROTOCOLS = {"Watch": "linkerd-outbound-policy", "WatchPort": "linkerd-inbound-policy"}
+# What an outbound stream asked, as plain values: the target Service's namespace and
+# name, the port, whether the Service declares it, and the client's namespace.
+RequestKey = tuple[str, str, int, bool, str]
+MAX_REQUEST_KEYS = 100_000
 
 
 class BadPolicyRequest(ValueError):
@@ -138,8 +151,8 @@ class PolicyStream:
     when the server can take it now (meshbridge.host.nowait_writer) and nothing is in
     flight."""
 
-    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "wake", "wants",
-                 "write_now", "writing")
+    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "send_now", "wake",
+                 "wants", "write_now", "writing")
 
     def __init__(self, compute: Callable[[], bytes],
                  wants: Callable[[ClusterChange], bool]) -> None:
@@ -150,22 +163,25 @@ class PolicyStream:
         self.ended = False
         self.wake = asyncio.Event()
         self.write_now: NowaitWriter = nowait_writer(None)
+        self.send_now: Sender = sender(None)
         self.on_sent: Callable[[bytes], None] = lambda _message: None
         self.writing = False  # the task is awaiting a write: keep the order
 
-    def refresh(self) -> None:
+    def refresh(self) -> bool:
+        """Compute the policy again; True if a new one was written now."""
         try:
             message = self.compute()
         except UnknownTarget:
-            return  # the target went away: keep the last policy, as Linkerd's index does
+            return False  # the target went away: keep the last policy, as Linkerd's does
         if message == self.last:
-            return
+            return False
         self.last = message
         if self.pending is None and not self.writing and self.write_now(message):
             self.on_sent(message)
-            return
+            return True
         self.pending = message
         self.wake.set()
+        return False
 
     def end(self) -> None:
         self.ended = True
@@ -193,6 +209,11 @@ class PolicyService:
         # number of streams watching it; emptied when the cluster changes, or, for a
         # change of routes alone, only for the ports whose tables it changed.
         self._encoded: dict[tuple[outbound.ServiceTarget, str], bytes] = {}
+        # The same policies by what a stream asked (target and client namespace, as
+        # plain values): one look-up per stream when a change fans out to thousands.
+        # Emptied whenever `_encoded` loses anything, and when it grows past a bound
+        # (the client namespace is the client's to say).
+        self._by_request: dict[RequestKey, bytes] = {}
         # The ports the route index recomputed during the change being applied (the
         # index hears of a change at an earlier stage than this service, Routes §4),
         # and the ports whose watchers look at that change (None: every port's).
@@ -239,6 +260,8 @@ class PolicyService:
     def _on_change(self, change: ClusterChange) -> None:
         ports = set(self._route_ports)
         self._route_ports.clear()
+        if _outbound_change(change):
+            self._by_request.clear()
         if _routes_only(change):
             # Routes §4: a route edit changes the policies of the ports it attaches
             # to (their tables), nothing else: only those are encoded again, and
@@ -250,13 +273,19 @@ class PolicyService:
             self._scope = None
             if _outbound_change(change):
                 self._encoded.clear()
+        written = []
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
             try:
-                stream.refresh()
+                if stream.refresh():
+                    written.append(stream)
             except Exception:  # a bug here must not stop the source applying changes
                 log.exception("policy recomputation failed; the stream keeps its last policy")
+        # Out now, not after the rest of this loop turn (the xDS streams' writes of the
+        # same change, say): one write per connection either way.
+        for stream in written:
+            stream.send_now()
 
     # ------------------------------------------------------------------ outbound
 
@@ -293,8 +322,17 @@ class PolicyService:
         service_target = target
         client_ns = source.namespace
 
+        request_key = (service_target.service.namespace, service_target.service.name,
+                       service_target.port, service_target.declared, client_ns)
+
         def compute() -> bytes:
-            return self._service_policy(service_target, client_ns)
+            encoded = self._by_request.get(request_key)
+            if encoded is None:
+                encoded = self._service_policy(service_target, client_ns)
+                if len(self._by_request) >= MAX_REQUEST_KEYS:
+                    self._by_request.clear()
+                self._by_request[request_key] = encoded
+            return encoded
 
         port_key = (service_target.service, service_target.port)
 
@@ -427,6 +465,7 @@ class PolicyService:
 
         stream.on_sent = on_sent
         stream.write_now = nowait_writer(context)
+        stream.send_now = sender(context)
         try:
             while (message := await stream.next()) is not None:
                 stream.writing = True

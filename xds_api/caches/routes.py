@@ -40,6 +40,11 @@ log = structlog.get_logger("meshbridge.xds.routes")
 _KINDS = {kind.value: kind for kind in ClientKind}
 # (name, client kind, table group: PortRoutes.group_of's key)
 VariantKey = tuple[str, ClientKind, str]
+# (name, a subscription's client kind, its namespace): what such a subscription is sent.
+ClientKey = tuple[str, str, str]
+# Entries kept in the per-client-key memo before it is emptied: a bound on what
+# clients presenting ever new namespaces can make it hold between route changes.
+MAX_CLIENT_KEYS = 100_000
 
 
 class RouteCache:
@@ -53,6 +58,10 @@ class RouteCache:
         self.metrics = metrics
         self._version = Version(prefix)
         self._built: dict[VariantKey, EncodedResource] = {}
+        # The variant each (name, client kind, client namespace) is sent, found in one
+        # look-up per stream when a change fans out to thousands (the variant itself is
+        # built once, in `_built`); forgotten with the variants of its name.
+        self._by_client: dict[ClientKey, EncodedResource] = {}
         # What each variant could not tell its client kind (for the debug pages).
         self.left_out: dict[VariantKey, tuple[Unrepresentable, ...]] = {}
         self._logged: set[tuple[object, ...]] = set()
@@ -69,7 +78,15 @@ class RouteCache:
         return self.variant(name, ClientKind.ENVOY, "")
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
-        return self.variant(name, _KINDS.get(sub.client, ClientKind.ENVOY), sub.namespace)
+        key = (name, sub.client, sub.namespace)
+        res = self._by_client.get(key)
+        if res is None:
+            res = self.variant(name, _KINDS.get(sub.client, ClientKind.ENVOY), sub.namespace)
+            if res is not None:
+                if len(self._by_client) >= MAX_CLIENT_KEYS:
+                    self._by_client.clear()
+                self._by_client[key] = res
+        return res
 
     def variant(self, name: str, client: ClientKind,
                 client_namespace: str) -> EncodedResource | None:
@@ -153,6 +170,8 @@ class RouteCache:
         for key in [k for k in self._built if k[0] in names]:
             del self._built[key]
             self.left_out.pop(key, None)
+        for client_key in [k for k in self._by_client if k[0] in names]:
+            del self._by_client[client_key]
 
     def ports_changed(self, change: PortsChange) -> None:
         # Only a port appearing or going changes a name's existence; its content is
