@@ -202,7 +202,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     collections = [leds_collection(name, loc) for loc in eds.assembly_of(view).runs]
     ledsub = Subscription(rt.LB_ENDPOINT, delta=True)
     leds.watch(ledsub, collections, _XdsWatcher("xds-delta", ledsub))
-    ledsub.names.update(collections)
+    ledsub.names = set(collections)
     ledsub.dirty.update(collections)
 
     # Streams only to frame responses with: what each stream adds to the shared bytes.

@@ -158,8 +158,9 @@ class Subscription:
     named_before: bool = False
     # §1.5: the resources asked for by name; the server must remember them even when
     # they do not exist yet, and send them when they appear (§1.7).
-    # SotW keeps a frozen set, one object for every stream that names the same few
-    # (`_shared_names`); delta changes its set in place, a set of its own.
+    # A few names are kept as a frozen set, one object for every stream that names
+    # the same few (`_shared_names`); delta changes a set of its own in place, and
+    # keeps it once it names more.
     names: set[str] | frozenset[str] = field(default_factory=set)
     # go-control-plane's returnedResources: name -> version the client was last sent
     # (SotW), or holds (delta, seeded from initial_resource_versions on reconnect).
@@ -340,6 +341,10 @@ class Subscription:
         if was_wildcard and not self.wildcard:
             # The client drops what only `*` gave it; nothing is owed for those.
             self._forget_unnamed()
+        if len(names) <= _SHARED_SET_SIZE:
+            # A few names, as most delta streams name: shared like SotW's (copied
+            # back into a set of its own by the next change of names).
+            self.names = _shared_names(names)
         return NameChange(frozenset(added), frozenset(removed),
                           self.wildcard and not was_wildcard,
                           was_wildcard and not self.wildcard)

@@ -8,6 +8,7 @@ entries for EDS/RDS; delta adds, replaces and removes per resource.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from hypothesis import given, settings
@@ -51,7 +52,7 @@ def apply_step(world: World, step: tuple[Any, ...]) -> None:
         world.set_port_protocol(step[1], step[2])
 
 
-def truth(world: World, type_url: str, wanted: set[str], wildcard: bool,
+def truth(world: World, type_url: str, wanted: AbstractSet[str], wildcard: bool,
           delta: bool = False) -> dict[str, bytes]:
     names = set(wanted)
     if wildcard:
