@@ -19,6 +19,11 @@ is measured from outside, as an operator would see it:
     first answers one Linkerd `Get` stream per service, opened at once from a client
                   process (bench/h2client.py); the time until every stream has had
                   its first answer, and the server's RSS then
+    API server    the floor: how long the API server itself takes to stream the Pods'
+                  state as meshbridge asks for it (a watch with sendInitialEvents, in
+                  protobuf) to a reader that only splits the frames up to the bookmark
+                  that ends it, and the API server's CPU meanwhile; measured before each
+                  run, so "start-up minus the API server" is what meshbridge adds
 
 Every row is the median of the runs. Linkerd 2.20's destination controller, measured
 with the same kind of probe on the same kind of cluster at 10,000 pods (issue 27):
@@ -114,6 +119,54 @@ def targets(shape: Any) -> list[str]:
             for s in range(shape.services)]
 
 
+def stream_pods(api: Any) -> dict[str, float]:
+    """The API server alone: the Pods' initial state streamed (WatchList, protobuf) to
+    a reader that decodes nothing, frames split until the bookmark that ends it. Right
+    after the fill the server's watch cache is still catching up with what was written
+    to etcd, and such a watch ends in an error after a few seconds: tried again, so
+    that the server has settled before meshbridge is started."""
+    for _ in range(10):
+        result = _stream_pods_once(api)
+        if result is not None:
+            return result
+    raise RuntimeError("the API server would not stream the Pods' state")
+
+
+def _stream_pods_once(api: Any) -> dict[str, float] | None:
+    import urllib3
+
+    from bridge.sources import kube_wire
+    from bridge.sources.kube import INITIAL_EVENTS_END
+    from bridge.sources.kube_proto import MESSAGES
+
+    pool = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=str(api.ca_path))
+    pid = api.apiserver_pid
+    cpu, started = proc_cpu_s(pid), time.monotonic()
+    resp = pool.request(
+        "GET", f"{api.url}/api/v1/pods", preload_content=False,
+        fields={"watch": "1", "sendInitialEvents": "true", "allowWatchBookmarks": "true",
+                "resourceVersionMatch": "NotOlderThan", "timeoutSeconds": "120"},
+        headers={"Authorization": f"Bearer {api.token}", "Accept": kube_wire.PROTOBUF})
+    received = events = 0
+    try:
+        for frame in kube_wire.proto_frames(resp.stream(1 << 20)):
+            received += len(frame) + 4
+            events += 1
+            # Only a small frame is looked into: the bookmark that ends the state (no
+            # pod's frame is that small), or an error.
+            if len(frame) >= 4096:
+                continue
+            if MESSAGES["WatchEvent"].FromString(frame).type == "ERROR":
+                return None
+            if INITIAL_EVENTS_END.encode() in bytes(frame):
+                return {"seconds": time.monotonic() - started,
+                        "cpu_s": proc_cpu_s(pid) - cpu, "mib": received / 2**20,
+                        "events": events}
+    finally:
+        resp.release_conn()
+    return None
+
+
 async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
                   run: int) -> dict[str, Any]:
     grpc_port, admin = free_port(), free_port()
@@ -178,7 +231,13 @@ async def measure(python: Path, pods: int, per_service: int, nodes: int,
         print(f"  {pods:,} pods filled in {filled:.0f} s", file=sys.stderr)
         results = []
         for i in range(runs):
+            floor = await asyncio.to_thread(stream_pods, api)
+            print(f"  run {i + 1}: the API server alone streams the pods in "
+                  f"{floor['seconds']:.2f} s ({floor['events']:,} events, "
+                  f"{floor['mib']:.0f} MiB, {floor['cpu_s']:.2f} s of its CPU)",
+                  file=sys.stderr)
             r = await one_run(python, api.kubeconfig_path, shape, workdir, i)
+            r["apiserver"] = floor
             print(f"  run {i + 1}: ready in {r['startup_s']:.2f} s ({r['cpu_ready_s']:.2f} s "
                   f"of CPU, load {r['load']:.1f}), RSS "
                   f"{r['rss_ready_mib']:.0f} MiB (peak {r['peak_ready_mib']:.0f}), "
@@ -198,6 +257,10 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(row(name, "start-up to /ready", [r["startup_s"] for r in runs], "s",
                        TARGET_STARTUP_S if at10k else None))
         out.append(row(name, "CPU until /ready", [r["cpu_ready_s"] for r in runs], "s"))
+        out.append(row(name, "API server alone: the Pods' state streamed (WatchList, "
+                       "protobuf)", [r["apiserver"]["seconds"] for r in runs], "s"))
+        out.append(row(name, "start-up minus the API server's own streaming",
+                       [r["startup_s"] - r["apiserver"]["seconds"] for r in runs], "s"))
         out.append(row(name, "RSS once ready", [r["rss_ready_mib"] for r in runs], "MiB",
                        TARGET_RSS_MIB if at10k else None))
         out.append(row(name, "peak RSS until ready", [r["peak_ready_mib"] for r in runs],

@@ -208,6 +208,23 @@ class SharedRaw(dict[str, Any]):
     decoded: Any
 
 
+class Predecoded(dict[str, Any]):
+    """An object its source decoded already, from an encoding read without building
+    the object's mapping (the kube source's protobuf Pods): as a mapping it holds only
+    the metadata the source itself reads (name, namespace, resourceVersion, the field
+    managers' times), and `result()` is the decoded object, or raises the ObjectError
+    its decoding raised, as decoding the mapping would have."""
+
+    __slots__ = ("decoded", "error")
+    decoded: Any
+    error: ObjectError | None
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.decoded
+
+
 def display_name(raw: Any) -> str:
     """`kind ns/name` of a raw object, as well as can be told, for log lines."""
     if not isinstance(raw, Mapping):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from bridge.decoding import Labels as Labels
 from bridge.decoding import Meta as Meta
 from bridge.decoding import ObjectError as ObjectError
 from bridge.decoding import (
+    Predecoded,
     SharedRaw,
     as_bool,
     as_ip,
@@ -327,8 +327,8 @@ def _decode_slice(raw: Mapping[str, Any]) -> EndpointSlice:
         )
         if not addrs:
             raise ObjectError("EndpointSlice", n, f"{where} has no addresses")
-        for a in addrs:
-            if (ipaddress.ip_address(a).version == 6) != (family == "IPv6"):
+        for a in addrs:  # canonical (as_ip): an IPv6 address has a colon, IPv4 none
+            if (":" in a) != (family == "IPv6"):
                 raise ObjectError("EndpointSlice", n, f"{where} address {a} is not {family}")
         cond = as_map(e.get("conditions"), "EndpointSlice", n, f"{where}.conditions")
         # EndpointSlice API: ready and serving default to true, terminating to false.
@@ -418,7 +418,8 @@ def _decode_endpoints(raw: Mapping[str, Any]) -> EndpointSlice:
     return EndpointSlice(meta, meta.name, "", ports, tuple(endpoints), kind="Endpoints")
 
 
-def _decode_containers(raw: Any, n: str, path: str) -> tuple[Container, ...]:
+def decode_containers(raw: Any, n: str, path: str) -> tuple[Container, ...]:
+    """A pod's containers (or init containers), each shared with equal ones."""
     out = []
     for i, c in enumerate(as_list(raw, "Pod", n, path)):
         if type(c) is SharedRaw and (known := getattr(c, "decoded", None)) is not None:
@@ -472,21 +473,38 @@ def _decode_pod(raw: Mapping[str, Any]) -> Pod:
         as_map(x, "Pod", n, "status.podIPs").get("ip")
         for x in as_list(status.get("podIPs"), "Pod", n, "status.podIPs")
     ]
-    if not ips and status.get("podIP"):
-        ips = [status.get("podIP")]
+    return make_pod(
+        meta,
+        service_account=as_str(spec.get("serviceAccountName"), "Pod", n,
+                               "spec.serviceAccountName"),
+        node_name=as_str(spec.get("nodeName"), "Pod", n, "spec.nodeName"),
+        host_network=as_bool(spec.get("hostNetwork"), "Pod", n, "spec.hostNetwork", False),
+        containers=decode_containers(spec.get("containers"), n, "spec.containers"),
+        init_containers=decode_containers(spec.get("initContainers"), n,
+                                          "spec.initContainers"),
+        phase=as_str(status.get("phase"), "Pod", n, "status.phase"),
+        pod_ips=ips, pod_ip=status.get("podIP"), host_ip=status.get("hostIP"))
+
+
+def make_pod(meta: Meta, *, service_account: str, node_name: str, host_network: bool,
+             containers: tuple[Container, ...], init_containers: tuple[Container, ...],
+             phase: str, pod_ips: list[Any], pod_ip: Any, host_ip: Any) -> Pod:
+    """A Pod from its parts, however a source read them (a manifest's mapping, the
+    API's protobuf: bridge/sources/kube_wire.py): the one place a Pod's rules live."""
+    n = f"{meta.namespace}/{meta.name}"
+    ips = pod_ips
+    if not ips and pod_ip:
+        ips = [pod_ip]
     if not ips:
         raise ObjectError("Pod", n, "has no IP (status.podIP/podIPs unset)")
-    host_ip = status.get("hostIP")
     return Pod(
         meta=meta,
-        service_account=sys.intern(as_str(spec.get("serviceAccountName"), "Pod", n,
-                                          "spec.serviceAccountName") or "default"),
-        node_name=sys.intern(as_str(spec.get("nodeName"), "Pod", n, "spec.nodeName")),
-        host_network=as_bool(spec.get("hostNetwork"), "Pod", n, "spec.hostNetwork", False),
-        containers=_decode_containers(spec.get("containers"), n, "spec.containers"),
-        init_containers=_decode_containers(spec.get("initContainers"), n,
-                                           "spec.initContainers"),
-        phase=sys.intern(as_str(status.get("phase"), "Pod", n, "status.phase")),
+        service_account=sys.intern(service_account or "default"),
+        node_name=sys.intern(node_name),
+        host_network=host_network,
+        containers=containers,
+        init_containers=init_containers,
+        phase=sys.intern(phase),
         pod_ips=tuple(as_ip(x, "Pod", n, "status.podIPs") for x in ips),
         host_ip=sys.intern(as_ip(host_ip, "Pod", n, "status.hostIP")) if host_ip else "",
     )
@@ -575,6 +593,9 @@ def decode_object(raw: Any, kind: str | None = None) -> KubeObject | None:
     `kind` overrides `raw["kind"]` (list responses of the API omit it on items).
     Raises ObjectError for anything we cannot use.
     """
+    if type(raw) is Predecoded:  # decoded by its source already (kube_wire's Pods)
+        decoded: KubeObject | None = raw.result()
+        return decoded
     if not isinstance(raw, Mapping):
         raise ObjectError("<unknown>", "<unnamed>", f"not a mapping but {type(raw).__name__}")
     k = kind or raw.get("kind")

@@ -25,8 +25,9 @@ from prometheus_client.metrics_core import Metric
 from bridge.authority import format_authority
 from bridge.cluster import Cluster
 from bridge.model import FilterKey, MeshConfig, ServiceKey, ViewKey
+from bridge.multicluster import DEFAULT_SYNC_TIMEOUT
 from bridge.multicluster.links import Link
-from bridge.multicluster.store import DEFAULT_SYNC_TIMEOUT, ClusterStore
+from bridge.multicluster.store import ClusterStore
 from bridge.multicluster.views import MultiClusterViews
 from bridge.sources.base import Source
 from bridge.sources.kube import KubeSource

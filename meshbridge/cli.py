@@ -22,6 +22,7 @@ import structlog
 
 from bridge.authority import AuthorityError
 from bridge.model import DEFAULT_MESHED_HTTP2_PARAMS, DEFAULT_OPAQUE_PORTS, MeshConfig
+from bridge.multicluster import DEFAULT_SYNC_TIMEOUT
 from bridge.port_sets import PortSpecError, parse_port_set
 from h2grpc.limits import H2Limits, knobs
 from meshbridge import eventloop, gctune, layers
@@ -90,9 +91,7 @@ def mesh_config(args: argparse.Namespace) -> MeshConfig:
 SERVE_HELP = "serve the destination API and xDS from one source"
 
 
-def _add_serve(p: argparse.ArgumentParser) -> None:
-    from bridge.multicluster.store import DEFAULT_SYNC_TIMEOUT
-
+def _add_serve(p: argparse.ArgumentParser, with_layers: bool = True) -> None:
     p.add_argument("--source", default="demo", help="demo | files:DIR | sim:FILE | kube")
     p.add_argument("--listen", default="0.0.0.0:8086", help="gRPC address for both APIs")
     p.add_argument("--admin", default="0.0.0.0:9996", help="admin HTTP address")
@@ -157,7 +156,7 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
             h2.add_argument(flag, dest=f"h2_{name}", type=kind, default=default,
                             metavar="N", help=f"{help_text} (default: %(default)s)")
     add_mesh_arguments(p)
-    for mod in layers.layer_modules():
+    for mod in layers.layer_modules() if with_layers else ():
         add = getattr(mod, "add_arguments", None)
         if add is not None:
             add(p)
@@ -173,18 +172,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from bridge.multicluster.links import LinkError, parse_link_flag
-    from bridge.sources.base import SourceSpecError
-    from bridge.sources.catalog import make_source
-    from meshbridge.app import App, ServeOptions, TlsFiles
-    from meshbridge.host import LayerError
-    from meshbridge.startup import (
-        check_kube_access,
-        check_listen_address,
-        describe_os_error,
-        load_kube_credentials,
-    )
-    from meshbridge.workers.pool import WorkerFailed
+    from meshbridge.startup import check_listen_address
 
     try:
         check_listen_address("--listen", args.listen)
@@ -196,6 +184,26 @@ async def _serve(args: argparse.Namespace) -> int:
         if args.debug:
             raise
         return 2
+    source = getattr(args, "early_source", None)  # its watches opened in `main`
+    if source is None:
+        source = await _make_source(args)
+        if isinstance(source, int):
+            return source
+    try:
+        return await _serve_source(args, source)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
+async def _make_source(args: argparse.Namespace) -> Any:
+    """The source `--source` names (the kube source's credentials and access checked
+    first, its watches opened at once), or the exit status that says why not."""
+    from bridge.sources.base import SourceSpecError
+    from bridge.sources.catalog import make_source
+    from meshbridge.startup import check_kube_access, load_kube_credentials
+
     options = _kube_options(args)
     if args.source == "kube":
         try:
@@ -213,6 +221,21 @@ async def _serve(args: argparse.Namespace) -> int:
     except (SourceSpecError, ValueError) as e:
         log.error("bad --source", reason=str(e))
         return 2
+    # The API server streams the cluster's state while the rest of the server is
+    # imported and built (docs/performance.md, "Start-up on a big cluster").
+    start_watches = getattr(source, "start_watches", None)
+    if start_watches is not None:
+        start_watches()
+    return source
+
+
+async def _serve_source(args: argparse.Namespace, source: Any) -> int:
+    from bridge.multicluster.links import LinkError, parse_link_flag
+    from meshbridge.app import App, ServeOptions, TlsFiles
+    from meshbridge.host import LayerError
+    from meshbridge.startup import describe_os_error
+    from meshbridge.workers.pool import WorkerFailed
+
     if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
         log.error("--tls-cert and --tls-key go together; --client-ca needs both")
         return 2
@@ -478,8 +501,52 @@ def parse_args(argv: Sequence[str],
     return parser.parse_args(argv)
 
 
+class _QuietParser(argparse.ArgumentParser):
+    """A parser that says nothing: a mistake is the full parser's to report."""
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        raise ValueError(message)
+
+    def error(self, message: str) -> Any:
+        raise ValueError(message)
+
+
+def early_kube_source(argv: Sequence[str]) -> Any:
+    """For `serve --source kube`: the kube source with its watches already open, or
+    None. Done before the full parser is built, since that imports every protocol
+    layer (their flags): on a big cluster the API server streams the state meanwhile
+    (docs/performance.md, "Start-up on a big cluster"). Read with the serve flags that
+    are not any layer's; anything amiss (a bad flag, no credentials, access denied)
+    leaves it to `serve` to find and report as ever."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command != "serve" or "-h" in argv or "--help" in argv:  # help reads no cluster
+        return None
+    parser = _QuietParser(add_help=False)
+    _add_serve(parser, with_layers=False)
+    try:
+        apply_environment(parser, os.environ)
+        args, _ = parser.parse_known_args(argv[list(argv).index("serve") + 1:])
+    except ValueError:
+        return None
+    if args.source != "kube":
+        return None
+    configure_logging(args.log_format, args.log_level)  # the watches may log at once
+    from meshbridge.startup import open_kube_watches
+
+    return open_kube_watches(args.kubeconfig, args.context, args.endpoints_api,
+                             _kube_options(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    early = early_kube_source(argv)
+    try:
+        args = parse_args(argv)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    args.early_source = early
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

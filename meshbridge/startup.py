@@ -7,11 +7,12 @@ says it is serving and then quietly stops.
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 if TYPE_CHECKING:
+    from bridge.sources.kube import KubeSource
     from bridge.sources.kube_api import Credentials
 
 log = structlog.get_logger("meshbridge.startup")
@@ -108,6 +109,22 @@ def check_kube_access(creds: Credentials, endpoints_api: str) -> None:
         raise StartupError(
             f"kube API {creds.host}: RBAC denies listing {kinds} (HTTP 403: {reason}); "
             "bind the ClusterRole in deploy/10-rbac.yaml to meshbridge's identity")
+
+
+def open_kube_watches(kubeconfig: str | None, context: str | None, endpoints_api: str,
+                      options: dict[str, Any]) -> KubeSource | None:
+    """The kube source with every watch opened, if its credentials load and pass
+    `check_kube_access`; else None (serve then checks again, and reports)."""
+    from bridge.sources.kube import KubeSource
+
+    try:
+        creds = load_kube_credentials(kubeconfig, context)
+        check_kube_access(creds, endpoints_api)
+        source = KubeSource(**{**options, "credentials": creds})
+    except Exception:  # StartupError, a bad option: serve's own path says what
+        return None
+    source.start_watches()
+    return source
 
 
 def describe_os_error(flag: str, address: str, error: OSError) -> str:

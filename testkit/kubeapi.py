@@ -342,6 +342,11 @@ class _Process:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The process's id (setpriv executes the program in its own process)."""
+        return None if self._proc is None else self._proc.pid
+
     def stop(self, grace: float = 10.0, *, kill: bool = False) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds (at once if ``kill``)."""
         proc, self._proc = self._proc, None
@@ -438,6 +443,11 @@ class KubeAPIServer:
     @property
     def started(self) -> bool:
         return self._apiserver is not None
+
+    @property
+    def apiserver_pid(self) -> int | None:
+        """The kube-apiserver's process id (a benchmark reads its CPU time)."""
+        return None if self._apiserver is None else self._apiserver.pid
 
     def start(self) -> None:
         """Build if needed, then start etcd and kube-apiserver; wait for /readyz."""

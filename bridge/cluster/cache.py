@@ -183,6 +183,11 @@ class Cluster:
     def replace(self, kind: str, objs: Iterable[KubeObject]) -> ClusterChange:
         """Make the cache's objects of `kind` exactly `objs` (a relist), applying only the
         real difference: unchanged objects produce no event at all."""
+        return self.apply(self.replace_events(kind, objs))
+
+    def replace_events(self, kind: str, objs: Iterable[KubeObject]) -> list[Event]:
+        """The events `replace` applies, for a caller that applies several kinds' at
+        once (one change for the listeners, not one per kind)."""
         fresh = {object_key(o): o for o in objs}
         events = [
             Event(EventType.DELETED, old)
@@ -190,7 +195,7 @@ class Cluster:
             if object_key(old) not in fresh
         ]
         events.extend(Event(EventType.MODIFIED, o) for o in fresh.values())
-        return self.apply(events)
+        return events
 
 
 def _read_only(index: Mapping[K, V]) -> Mapping[K, V]:

@@ -33,6 +33,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from bridge.cluster import Cluster, ClusterChange, Event, EventType, ListenerStage
 from bridge.model import ClusterIdentity, ServiceKey
+from bridge.multicluster import DEFAULT_SYNC_TIMEOUT
 from bridge.multicluster.demand import Demand
 from bridge.multicluster.links import Link, LinkError, link_credentials, link_from_secret
 from bridge.multicluster.remote import REMOTE_KINDS, RemoteKubeSource, Report
@@ -42,7 +43,6 @@ from bridge.sources.kube_api import Credentials
 
 log = structlog.get_logger("meshbridge.multicluster")
 
-DEFAULT_SYNC_TIMEOUT = 30.0  # seconds a linked cluster may hold /ready (istiod's default)
 LAG_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
 
 # A linked cluster's state, as /debug and meshbridge_cluster_sync_state show it.

@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import prometheus_client
 import structlog
@@ -49,10 +49,11 @@ from bridge.objects import (
     decode_object,
     tombstone,
 )
-from bridge.routes.index import ROUTE_STORE_KINDS
 from bridge.sources import kube_wire
 from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
-from bridge.sources.route_status import RouteStatusWriter
+
+if TYPE_CHECKING:
+    from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
 
@@ -110,6 +111,8 @@ KINDS = {
          "networkauthentication"),
     )},
 }
+# Which kinds' watches open first (the rest after): a big cluster's state is mostly these.
+_START_ORDER = {"Pod": 0, "EndpointSlice": 1, "Endpoints": 1, "ReplicaSet": 2, "Service": 3}
 POLICY_KINDS = ("HTTPRoute", "GatewayHTTPRoute", "GRPCRoute", "AuthorizationPolicy",
                 "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication")
 
@@ -473,6 +476,8 @@ class KubeSource:
         self.status_writer: RouteStatusWriter | None = None
         self.watchers: list[KindWatcher] = []
         self._metrics: prometheus_client.CollectorRegistry | None = None
+        self._client: ApiClient | None = None
+        self._handoff: _Handoff | None = None
 
     def register_metrics(self, registry: prometheus_client.CollectorRegistry) -> None:
         self._metrics = registry
@@ -485,24 +490,54 @@ class KubeSource:
     def stale(self) -> bool:
         return any(w.synced and not w.connected and not w.unavailable for w in self.watchers)
 
-    async def run(self, cluster: Cluster, synced: asyncio.Event) -> None:
-        creds = self._credentials
-        if creds is None:
-            creds = await asyncio.to_thread(load_credentials, self.kubeconfig, self.context)
-        client = ApiClient(creds)
-        loop = asyncio.get_running_loop()
-        handoff = _Handoff(loop, cluster)
+    def start_watches(self) -> None:
+        """Open every kind's watch now, before the rest of the server is built (with the
+        credentials given; no event loop needed): the API server streams the state
+        while the process goes on importing and starting, and what arrives waits,
+        decoded, until `run` hands it to the Cluster. A source never started this way
+        starts its watches in `run`."""
+        if self._handoff is not None:
+            return
+        if self._credentials is None:
+            raise RuntimeError("start_watches needs the credentials given")
+        self._begin(self._credentials)
 
+    def _begin(self, creds: Credentials) -> None:
+        client = ApiClient(creds)
+        self._client = client
+        self._handoff = _Handoff()
         specs = self.kinds or watched_kinds(self.endpoints_api, self.link_namespace)
-        self._cache_gauges(specs, cluster)
-        self.watchers = [KindWatcher(s, client, handoff.emit, self._lag_histogram(s))
-                         for s in specs]
-        handoff.pending = {s.kind for s in specs}
-        handoff.synced = synced
-        log.info("watching the Kubernetes API", host=creds.host,
-                 kinds=[s.kind for s in specs])
-        for w in self.watchers:
+        self.watchers = [KindWatcher(s, client, self._handoff.emit, None) for s in specs]
+        # The biggest states first: a thread's start waits for the GIL, which the
+        # threads already reading hold for a switch interval each.
+        for w in sorted(self.watchers, key=lambda w: _START_ORDER.get(w.spec.kind, 99)):
             w.start()
+
+    def close(self) -> None:
+        """Stop the watches (those `start_watches` opened for a `run` that never came)."""
+        for w in self.watchers:
+            w.stop()
+
+    async def run(self, cluster: Cluster, synced: asyncio.Event) -> None:
+        if self._handoff is None:
+            creds = self._credentials
+            if creds is None:
+                creds = await asyncio.to_thread(load_credentials, self.kubeconfig,
+                                                self.context)
+            self._begin(creds)
+        handoff, client = self._handoff, self._client
+        assert handoff is not None and client is not None
+        specs = [w.spec for w in self.watchers]
+        log.info("watching the Kubernetes API", host=client.creds.host,
+                 kinds=[s.kind for s in specs])
+        self._cache_gauges(specs, cluster)
+        for w in self.watchers:
+            w.lag = self._lag_histogram(w.spec)
+        failed = handoff.attach(cluster, synced, {s.kind for s in specs})
+        # Imported here: the watches open before the routes' modules are needed.
+        from bridge.routes.index import ROUTE_STORE_KINDS
+        from bridge.sources.route_status import RouteStatusWriter
+
         writer_task: asyncio.Task[None] | None = None
         # Statuses are written only for routes this source watches (a source told to
         # watch other kinds, as a linked cluster's or the mirror's, writes none).
@@ -516,11 +551,11 @@ class KubeSource:
 
             writer_task = asyncio.create_task(write_after_sync(self.status_writer))
         try:
-            await handoff.failed  # runs until cancelled, or an apply raises
+            await failed  # runs until cancelled, or an apply raises
         finally:
             handoff.closed = True
-            for w in self.watchers:
-                w.stop()
+            self.close()
+            self._handoff = None  # a later run starts afresh
             if writer_task is not None:
                 writer_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -587,51 +622,84 @@ class _Handoff:
     to the Cluster itself, so an event costs one loop wake-up, not a queue hop into a
     task that must be scheduled again, and no timer ever holds one back."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, cluster: Cluster) -> None:
-        self.loop = loop
-        self.cluster = cluster
+    def __init__(self) -> None:
+        # Until `attach` gives the loop and the Cluster, what the watches send waits in
+        # `_items` (the watches may open before the server is built: `start_watches`).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.cluster: Cluster | None = None
         self.pending: set[str] = set()  # kinds whose first list is not applied yet
         self.synced: asyncio.Event | None = None
         self.closed = False
         # An apply that raises ends the source's task (its owner sees it), as it would
         # if the apply ran in that task.
-        self.failed: asyncio.Future[None] = loop.create_future()
+        self.failed: asyncio.Future[None] | None = None
         self._lock = threading.Lock()
         self._items: list[Any] = []
+        self._held: list[Any] = []  # what came before every kind's state was in
         self._scheduled = False
+
+    def attach(self, cluster: Cluster, synced: asyncio.Event,
+               pending: set[str]) -> asyncio.Future[None]:
+        """From now on apply to `cluster` on the running loop, what waited first. The
+        future is done when an apply raises."""
+        loop = asyncio.get_running_loop()
+        self.failed = loop.create_future()
+        self.synced, self.pending = synced, pending
+        with self._lock:
+            self.loop, self.cluster = loop, cluster
+            if self._scheduled or not self._items:
+                return self.failed
+            self._scheduled = True
+        loop.call_soon(self._drain)
+        return self.failed
 
     def emit(self, item: Any) -> None:
         """Called on a watch thread."""
         with self._lock:
             self._items.append(item)
-            if self._scheduled:
+            if self._scheduled or self.loop is None:
                 return
             self._scheduled = True
+            loop = self.loop
         with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
-            self.loop.call_soon_threadsafe(self._drain)
+            loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
         with self._lock:
             batch, self._items, self._scheduled = self._items, [], False
-        if self.closed or self.failed.done():
+        failed = self.failed
+        if self.closed or failed is None or failed.done():
             return
         try:
             self._apply(batch)
         except Exception as e:  # the owner of the source's task sees it
-            self.failed.set_exception(e)
+            failed.set_exception(e)
 
     def _apply(self, batch: list[Any]) -> None:
         cluster = self.cluster
+        assert cluster is not None  # drained only once attached
+        if self.synced is not None and not self.synced.is_set():
+            # Until every kind's state is in, nothing is served (not ready), and each
+            # kind applied alone would have the listeners rebuild what the next kind
+            # changes again: the states are applied together, as one change.
+            self._held.extend(batch)
+            self.pending.difference_update(i[1] for i in batch if i[0] == "replace")
+            if self.pending:
+                return
+            batch, self._held = self._held, []
         events: list[Event] = []
+        kinds: set[str] = set()  # of the events gathered
         for item in batch:
             if item[0] == "event":
                 events.append(item[1])
+                kinds.add(item[1].obj.kind)
                 continue
-            if events:
-                cluster.apply(events)
-                events = []
             _, kind, objs = item
-            cluster.replace(kind, objs)
+            if kind in kinds:  # its state is read against what the events before did
+                cluster.apply(events)
+                events, kinds = [], set()
+            events.extend(cluster.replace_events(kind, objs))
+            kinds.add(kind)
             self.pending.discard(kind)
         if events:
             cluster.apply(events)

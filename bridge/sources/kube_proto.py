@@ -40,13 +40,14 @@ SCHEMA: dict[str, list[tuple[str, int, str, bool]]] = {
     "OwnerReference": [("kind", 1, "string", False), ("name", 3, "string", False)],
     # Only when a field manager last wrote (the informer-lag metric), not what it wrote.
     "ManagedFieldsEntry": [("operation", 2, "string", False), ("time", 4, "Time", False)],
-    # Labels and annotations are kept encoded (a StringEntry each, as a map's entries
-    # are encoded): a workload's pods carry equal ones, read once (kube_wire).
+    # Labels, annotations and owners are kept encoded (a StringEntry each, as a map's
+    # entries are encoded; an OwnerReference each): a workload's pods carry equal ones,
+    # read once (kube_wire).
     "ObjectMeta": [("name", 1, "string", False), ("namespace", 3, "string", False),
                    ("resourceVersion", 6, "string", False),
                    ("deletionTimestamp", 9, "Time", False), ("labels", 11, "bytes", True),
                    ("annotations", 12, "bytes", True),
-                   ("ownerReferences", 13, "OwnerReference", True),
+                   ("ownerReferences", 13, "bytes", True),
                    ("managedFields", 17, "ManagedFieldsEntry", True)],
     "StringEntry": [("key", 1, "string", False), ("value", 2, "string", False)],
     "ListMeta": [("resourceVersion", 2, "string", False), ("continue", 3, "string", False)],

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from bridge import pod_fields
-from bridge.decoding import SharedRaw
+from bridge.decoding import Meta, ObjectError, OwnerRef, Predecoded, SharedRaw, shared, shared_map
+from bridge.objects import Container, Pod, decode_containers, make_pod
 from bridge.sources.kube_proto import MESSAGES
 
 JSON = "application/json"
@@ -39,22 +41,22 @@ Raw = dict[str, Any]
 class _Shared:
     """Parts by their encoding, for parts that many objects carry byte-identical (a
     workload's containers, labels and injector annotations): each distinct encoding is
-    read once and handed out as one `SharedRaw`, which the decoders decode once.
-    Bounded: past the limit it starts again."""
+    read once and what it reads to handed out again (a `SharedRaw`, which the decoders
+    decode once, or a decoded value). Bounded: past the limit it starts again."""
 
     LIMIT = 20_000
 
-    def __init__(self, read: Callable[[Any], Raw]) -> None:
+    def __init__(self, read: Callable[[Any], Any]) -> None:
         self._read = read
-        self._seen: dict[Any, SharedRaw] = {}
+        self._seen: dict[Any, Any] = {}
 
-    def __call__(self, encoded: Any) -> SharedRaw:
-        raw = self._seen.get(encoded)
-        if raw is None:
+    def __call__(self, encoded: Any) -> Any:
+        value = self._seen.get(encoded)
+        if value is None:
             if len(self._seen) >= self.LIMIT:
                 self._seen.clear()
-            raw = self._seen[encoded] = SharedRaw(self._read(encoded))
-        return raw
+            value = self._seen[encoded] = self._read(encoded)
+        return value
 
 
 def _entries(encoded: tuple[bytes, ...]) -> Raw:
@@ -66,25 +68,38 @@ def _pod_annotations(encoded: tuple[bytes, ...]) -> Raw:
     return {k: v for k, v in _entries(encoded).items() if pod_fields.keeps_annotation(k)}
 
 
-_labels = _Shared(_entries)
-_annotations = _Shared(_entries)
-_pod_annotation_parts = _Shared(_pod_annotations)
+_labels = _Shared(lambda encoded: SharedRaw(_entries(encoded)))
+_annotations = _Shared(lambda encoded: SharedRaw(_entries(encoded)))
+# A Pod's, decoded straight to the shared maps its Meta holds (`_pod`).
+_pod_labels = _Shared(lambda encoded: shared_map(_entries(encoded)))
+_pod_annotation_maps = _Shared(lambda encoded: shared_map(_pod_annotations(encoded)))
 
 
-def _meta(m: Any, annotations: _Shared = _annotations) -> Raw:
+def _source_meta(m: Any) -> Raw:
+    """What the kube source itself reads of any object's metadata."""
     out: Raw = {"name": m.name, "namespace": m.namespace,
                 "resourceVersion": m.resourceVersion}
+    # Of the field managers, only the newest Update's time is read (the informer lag:
+    # kube.newest_update_time), in seconds since the epoch (JSON: RFC 3339 text).
+    newest = max((f.time.seconds for f in m.managedFields
+                  if f.operation == "Update" and f.HasField("time")), default=None)
+    if newest is not None:
+        out["managedFields"] = [{"operation": "Update", "time": newest}]
+    return out
+
+
+def _meta(m: Any) -> Raw:
+    out = _source_meta(m)
     if m.labels:
         out["labels"] = _labels(tuple(m.labels))
     if m.annotations:
-        out["annotations"] = annotations(tuple(m.annotations))
+        out["annotations"] = _annotations(tuple(m.annotations))
     if m.ownerReferences:
-        out["ownerReferences"] = [{"kind": o.kind, "name": o.name} for o in m.ownerReferences]
+        owner = MESSAGES["OwnerReference"].FromString
+        out["ownerReferences"] = [{"kind": o.kind, "name": o.name}
+                                  for o in map(owner, m.ownerReferences)]
     if m.HasField("deletionTimestamp"):
         out["deletionTimestamp"] = m.deletionTimestamp.seconds
-    if m.managedFields:  # times as seconds since the epoch (JSON: RFC 3339 text)
-        out["managedFields"] = [{"operation": f.operation, "time": f.time.seconds}
-                                for f in m.managedFields if f.HasField("time")]
     return out
 
 
@@ -117,23 +132,60 @@ def _container(c: Any) -> Raw:
 
 # A container is most of a pod's reading (the proxy's forty-odd variables, ports,
 # probes); the second replica of a workload on reads none.
-_containers = _Shared(lambda encoded: _container(MESSAGES["Container"].FromString(encoded)))
+_containers = _Shared(lambda encoded: SharedRaw(_container(MESSAGES["Container"].FromString(
+    encoded))))
+
+
+def _decode_owners(encoded: tuple[bytes, ...]) -> tuple[OwnerRef, ...]:
+    owner = MESSAGES["OwnerReference"].FromString
+    return shared(tuple(shared(OwnerRef(o.kind, o.name)) for o in map(owner, encoded)))
+
+
+_owners = _Shared(_decode_owners)
+# A pod's containers, decoded, by their encodings: a workload's replicas read none.
+_container_sets: dict[tuple[bytes, ...], tuple[Container, ...]] = {}
+
+
+def _pod_containers(encoded: tuple[bytes, ...], n: str, path: str) -> tuple[Container, ...]:
+    found = _container_sets.get(encoded)
+    if found is None:
+        found = decode_containers([_containers(c) for c in encoded], n, path)
+        if len(_container_sets) >= _Shared.LIMIT:
+            _container_sets.clear()
+        _container_sets[encoded] = found
+    return found
 
 
 def _pod(p: Any) -> Raw:
-    spec, status = p.spec, p.status
-    out_spec: Raw = {"serviceAccountName": spec.serviceAccountName,
-                     "nodeName": spec.nodeName, "hostNetwork": spec.hostNetwork,
-                     "containers": [_containers(c) for c in spec.containers]}
-    if spec.initContainers:
-        out_spec["initContainers"] = [_containers(c) for c in spec.initContainers]
-    out_status: Raw = {"phase": status.phase, "podIPs": [{"ip": x.ip} for x in status.podIPs]}
-    if status.podIP:
-        out_status["podIP"] = status.podIP
-    if status.hostIP:
-        out_status["hostIP"] = status.hostIP
-    return {"metadata": _meta(p.metadata, _pod_annotation_parts), "spec": out_spec,
-            "status": out_status}
+    """A Pod, decoded here from its message, without the mapping in between: a big
+    cluster's start-up is mostly its pods (bridge.objects.make_pod holds the rules)."""
+    out = Predecoded(metadata=_source_meta(p.metadata))
+    out.decoded, out.error = None, None
+    try:
+        out.decoded = _pod_object(p)
+    except ObjectError as e:
+        out.error = e
+    except (TypeError, ValueError, AttributeError) as e:  # as decode_object would say
+        out.error = ObjectError("Pod", f"{p.metadata.namespace}/{p.metadata.name}",
+                                f"malformed: {e}")
+    return out
+
+
+def _pod_object(p: Any) -> Pod:
+    m, spec, status = p.metadata, p.spec, p.status
+    if not m.name:
+        raise ObjectError("Pod", "<unnamed>", "metadata.name is missing")
+    n = f"{m.namespace or 'default'}/{m.name}"
+    meta = Meta(m.name, sys.intern(m.namespace or "default"), m.resourceVersion,
+                _pod_labels(tuple(m.labels)), _pod_annotation_maps(tuple(m.annotations)),
+                _owners(tuple(m.ownerReferences)), m.HasField("deletionTimestamp"))
+    return make_pod(
+        meta, service_account=spec.serviceAccountName, node_name=spec.nodeName,
+        host_network=spec.hostNetwork,
+        containers=_pod_containers(tuple(spec.containers), n, "spec.containers"),
+        init_containers=_pod_containers(tuple(spec.initContainers), n, "spec.initContainers"),
+        phase=status.phase,
+        pod_ips=[x.ip for x in status.podIPs], pod_ip=status.podIP, host_ip=status.hostIP)
 
 
 def _service(s: Any) -> Raw:
