@@ -42,10 +42,8 @@ from meshbridge.host import (
     Host,
     Layer,
     NowaitWriter,
-    Sender,
     StreamInfo,
     nowait_writer,
-    sender,
 )
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
@@ -151,8 +149,8 @@ class PolicyStream:
     when the server can take it now (meshbridge.host.nowait_writer) and nothing is in
     flight."""
 
-    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "send_now", "wake",
-                 "wants", "write_now", "writing")
+    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "wake", "wants",
+                 "write_now", "writing")
 
     def __init__(self, compute: Callable[[], bytes],
                  wants: Callable[[ClusterChange], bool]) -> None:
@@ -163,25 +161,22 @@ class PolicyStream:
         self.ended = False
         self.wake = asyncio.Event()
         self.write_now: NowaitWriter = nowait_writer(None)
-        self.send_now: Sender = sender(None)
         self.on_sent: Callable[[bytes], None] = lambda _message: None
         self.writing = False  # the task is awaiting a write: keep the order
 
-    def refresh(self) -> bool:
-        """Compute the policy again; True if a new one was written now."""
+    def refresh(self) -> None:
         try:
             message = self.compute()
         except UnknownTarget:
-            return False  # the target went away: keep the last policy, as Linkerd's does
+            return  # the target went away: keep the last policy, as Linkerd's index does
         if message == self.last:
-            return False
+            return
         self.last = message
         if self.pending is None and not self.writing and self.write_now(message):
             self.on_sent(message)
-            return True
+            return
         self.pending = message
         self.wake.set()
-        return False
 
     def end(self) -> None:
         self.ended = True
@@ -273,19 +268,13 @@ class PolicyService:
             self._scope = None
             if _outbound_change(change):
                 self._encoded.clear()
-        written = []
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
             try:
-                if stream.refresh():
-                    written.append(stream)
+                stream.refresh()
             except Exception:  # a bug here must not stop the source applying changes
                 log.exception("policy recomputation failed; the stream keeps its last policy")
-        # Out now, not after the rest of this loop turn (the xDS streams' writes of the
-        # same change, say): one write per connection either way.
-        for stream in written:
-            stream.send_now()
 
     # ------------------------------------------------------------------ outbound
 
@@ -465,7 +454,6 @@ class PolicyService:
 
         stream.on_sent = on_sent
         stream.write_now = nowait_writer(context)
-        stream.send_now = sender(context)
         try:
             while (message := await stream.next()) is not None:
                 stream.writing = True
