@@ -38,10 +38,12 @@ from meshbridge.host import (
     Layer,
     Limits,
     NowaitWriter,
+    Sender,
     StreamInfo,
     StreamRegistry,
     WorkerHost,
     nowait_writer,
+    sender,
 )
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
@@ -296,8 +298,12 @@ class XdsStreams:
 
     def _write_due(self) -> None:
         due, self._due = self._due, []
-        for runner in due:
-            runner.write_now()
+        written = [runner for runner in due if runner.write_now()]
+        # Out now rather than after the rest of this loop turn: one write per
+        # connection either way (meshbridge.host.sender). Not in parts as it goes:
+        # clients woken mid fan-out take CPU from it (measured, docs/performance.md).
+        for runner in written:
+            runner.send_now()
 
     def _ensure_sweeper(self) -> None:
         if self._sweeper is None or self._sweeper.done():
@@ -450,7 +456,8 @@ class StreamRunner:
     thousands of streams per process, what one idle stream costs is what matters."""
 
     __slots__ = ("_context", "_cut_off", "_ending", "_message", "_nowait", "_scheduled",
-                 "_soon", "_task", "_writer", "info", "service", "stream", "write_started")
+                 "_soon", "_task", "_writer", "info", "send_now", "service", "stream",
+                 "write_started")
 
     def __init__(self, service: XdsStreams,
                  stream_cls: type[SotwStream] | type[DeltaStream], ads: bool,
@@ -469,6 +476,7 @@ class StreamRunner:
         # A write that takes the message now if the server can (never on grpc.aio);
         # when it cannot, a writer task awaits `context.write`.
         self._nowait: NowaitWriter = nowait_writer(context)
+        self.send_now: Sender = sender(context)
         self._soon = False  # queued for the service's write_now callback
         self._writer: asyncio.Task[None] | None = None
         self._scheduled = False
@@ -486,28 +494,32 @@ class StreamRunner:
             self._soon = True
             self.service.write_soon(self)
 
-    def write_now(self) -> None:
+    def write_now(self) -> bool:
         """Write what is due without a task while the server takes messages at once
         (the native one does while its client keeps up); a writer task starts only
-        when the stream must wait. A fan-out to thousands of streams creates no task."""
+        when the stream must wait. A fan-out to thousands of streams creates no task.
+        True if something was written now."""
         self._soon = False
         if self._writer is not None:
             self._scheduled = True
-            return
+            return False
         if self._ending or self._cut_off:
-            return
+            return False
+        wrote = False
         try:
             responses = self.stream.take_responses()
             while responses:
                 if not self._nowait(responses[0]):
                     self._writer = asyncio.get_running_loop().create_task(
                         self._flush(responses))
-                    return
+                    return wrote
                 responses.pop(0)
+                wrote = True
         except Exception as e:  # the call is broken: end the reader too
             log.debug("xds stream write failed", peer=self.stream.peer, error=repr(e))
             if self._task is not None:
                 self._task.cancel()
+        return wrote
 
     def end(self) -> None:
         """Server shutdown: end the stream with OK so the client reconnects. A client
