@@ -325,6 +325,12 @@ class ServerCall:
         self._send(message)
         return True
 
+    def send_now(self) -> None:
+        """Write what this call's connection has queued now rather than at the end of
+        the loop turn: a layer that has written one change to many streams calls it
+        so that those clients start reading while the turn's other work goes on."""
+        self.conn.send_queued()
+
     def _send(self, data: bytes) -> None:
         if self.ended:
             raise grpc.aio.UsageError("write on an RPC that has ended")

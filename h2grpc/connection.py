@@ -8,7 +8,8 @@ the socket, turns its events into gRPC calls, and keeps the clocks:
   flood can neither hold the loop nor make us buffer replies without end.
 * Output: everything one loop turn queues, on every stream of the connection, leaves
   in one socket write (a change fanned out to a thousand streams costs one syscall),
-  or earlier once `EAGER_FLUSH` bytes are queued so the client starts reading.
+  or earlier once `EAGER_FLUSH` bytes are queued so the client starts reading, or
+  when a layer that has finished writing one change says so (`send_queued`).
 * A watchdog per connection enforces the handshake and idle timeouts and sends
   keepalive PINGs, closing a peer that stops answering them.
 """
@@ -367,6 +368,12 @@ class Connection(asyncio.Protocol):
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
+
+    def send_queued(self) -> None:
+        """Write what is queued now (nothing if nothing is): the end of the loop turn
+        would send the same bytes in the same one write, only later."""
+        if self._flush_scheduled:
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -66,11 +66,13 @@ __all__ = [
     "NowaitWriter",
     "Renderer",
     "RouteRenderer",
+    "Sender",
     "StreamInfo",
     "StreamRegistry",
     "WorkerHost",
     "check_hooks",
     "nowait_writer",
+    "sender",
     "split_listen_address",
 ]
 
@@ -105,6 +107,27 @@ NowaitWriter = Callable[[bytes], bool]
 
 def _never(message: bytes) -> bool:
     return False
+
+
+# () -> None: write what the call's connection has queued now (see `sender`).
+Sender = Callable[[], None]
+
+
+def _nothing() -> None:
+    pass
+
+
+def sender(context: object) -> Sender:
+    """The call's "write what is queued now" if its server has one, else a no-op.
+
+    The native server writes what one loop turn queued on a connection in one socket
+    write at the end of the turn (h2grpc.connection). A layer that has just written one
+    change to many streams, inside a turn with more to do (another layer's fan-out
+    of the same change), calls this for the streams it wrote: their clients start
+    reading at once, in the same one write per connection, instead of after the rest
+    of the turn. grpc.aio sends as it goes: nothing to do."""
+    send: Sender | None = getattr(context, "send_now", None)
+    return send if send is not None else _nothing
 
 
 def nowait_writer(context: object) -> NowaitWriter:

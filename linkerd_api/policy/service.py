@@ -42,8 +42,10 @@ from meshbridge.host import (
     Host,
     Layer,
     NowaitWriter,
+    Sender,
     StreamInfo,
     nowait_writer,
+    sender,
 )
 
 log = structlog.get_logger("meshbridge.linkerd.policy")
@@ -149,8 +151,8 @@ class PolicyStream:
     when the server can take it now (meshbridge.host.nowait_writer) and nothing is in
     flight."""
 
-    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "wake", "wants",
-                 "write_now", "writing")
+    __slots__ = ("compute", "ended", "last", "on_sent", "pending", "send_now", "wake",
+                 "wants", "write_now", "writing")
 
     def __init__(self, compute: Callable[[], bytes],
                  wants: Callable[[ClusterChange], bool]) -> None:
@@ -161,22 +163,25 @@ class PolicyStream:
         self.ended = False
         self.wake = asyncio.Event()
         self.write_now: NowaitWriter = nowait_writer(None)
+        self.send_now: Sender = sender(None)
         self.on_sent: Callable[[bytes], None] = lambda _message: None
         self.writing = False  # the task is awaiting a write: keep the order
 
-    def refresh(self) -> None:
+    def refresh(self) -> bool:
+        """Compute the policy again; True if a new one was written now."""
         try:
             message = self.compute()
         except UnknownTarget:
-            return  # the target went away: keep the last policy, as Linkerd's index does
+            return False  # the target went away: keep the last policy, as Linkerd's does
         if message == self.last:
-            return
+            return False
         self.last = message
         if self.pending is None and not self.writing and self.write_now(message):
             self.on_sent(message)
-            return
+            return True
         self.pending = message
         self.wake.set()
+        return False
 
     def end(self) -> None:
         self.ended = True
@@ -268,13 +273,19 @@ class PolicyService:
             self._scope = None
             if _outbound_change(change):
                 self._encoded.clear()
+        written = []
         for stream in list(self.streams):
             if not stream.wants(change):
                 continue
             try:
-                stream.refresh()
+                if stream.refresh():
+                    written.append(stream)
             except Exception:  # a bug here must not stop the source applying changes
                 log.exception("policy recomputation failed; the stream keeps its last policy")
+        # Out now, not after the rest of this loop turn (the xDS streams' writes of the
+        # same change, say): one write per connection either way.
+        for stream in written:
+            stream.send_now()
 
     # ------------------------------------------------------------------ outbound
 
@@ -454,6 +465,7 @@ class PolicyService:
 
         stream.on_sent = on_sent
         stream.write_now = nowait_writer(context)
+        stream.send_now = sender(context)
         try:
             while (message := await stream.next()) is not None:
                 stream.writing = True
