@@ -8,7 +8,7 @@ HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
 # One stamp per extra ("runtime" is none), redone when pyproject.toml changes.
 STAMP = $(VENV)/.installed-$(1)-$(HASH)
 
-.PHONY: run test lint bench protos install install-test install-dev install-bench clean \
+.PHONY: run test test-workers lint bench protos install install-test install-dev install-bench clean \
 	envtest chromium h2spec helm istiod istioctl
 
 $(BIN)/python:
@@ -30,6 +30,19 @@ run: install
 
 test: install-test envtest chromium h2spec helm istiod istioctl
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(MAKE) --no-print-directory test-workers
+
+# The protocol and reliability tiers again with the port served by two worker
+# processes (docs/workers.md, "Tests"): every test here starts its server through the
+# test kit, which reads MESHBRIDGE_TEST_WORKERS. tests/integration/test_workers.py
+# (in the run above) starts `serve --workers 2` itself.
+WORKER_TIERS := $(addprefix tests/integration/test_,linkerd_get.py linkerd_profile.py \
+	linkerd_policy_streams.py linkerd_identity.py xds_api.py xds_envoy.py xds_leds_envoy.py \
+	xds_proxyless.py route_canary.py route_grpc.py grpc_port.py) \
+	tests/reliability/test_faults.py tests/reliability/test_soak.py
+
+test-workers: install-test
+	MESHBRIDGE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -p no:cacheprovider $(WORKER_TIERS)
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
 # module proxy (about 4 minutes on a fresh 2-core machine) and cached after that.

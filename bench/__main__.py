@@ -1,7 +1,7 @@
 """`make bench` / `python -m bench`: every headline figure in one table.
 
     python -m bench [--quick] [--only fanout,memory,churn,connect,encode,bigservice,routes,
-                                     gcp,failover,parallel] [--out FILE]
+                                     gcp,failover,parallel,workers,multicluster] [--out FILE]
     python -m bench NAME...      run benchmark modules by name, each printing its own
                                  report (e.g. `python -m bench big_service`)
 
@@ -47,13 +47,21 @@ FULL: dict[str, list[list[str]]] = {
     "connect": [["connect", "--runs", "3"], ["connect", "--runs", "3",
                                              "--clients-kind", "grpcio"]],
     "encode": [["encode", "--runs", "5"]],
-    "bigservice": [["big_service", "--runs", "5"]],
+    # The second: compare's one-big-service shape (a flap in 5,000 endpoints), the
+    # server process's CPU per change beside compare --isolate's (docs/performance.md).
+    "bigservice": [["big_service", "--runs", "5"],
+                   ["big_service", "--endpoints", "5000", "--runs", "3", "--latency-endpoints",
+                    "5000", "--pattern", "flap", "--latency-runs", "3"]],
     "routes": [["route_edit", "--streams", "1000", "--runs", "5"]],
     # Beside go-control-plane's LinearCache (built from the Go module proxy), one run.
     "gcp": [["gcp_compare", "--protocol", p, "--streams", "5000", "--runs", "5"]
             for p in ("sotw", "delta")],
     "failover": [["failover", "--clients", "5000", "--runs", "3"]],
     "parallel": [["parallel", "--runs", "5"]],
+    # The 10,000-stream SotW fan-out served by 2 worker processes (docs/workers.md),
+    # beside the fan-out suite's 1-process row of the same shape.
+    "workers": [["fanout", "--protocol", "sotw", "--streams", "10000", "--runs", "7",
+                 "--workers", "2"]],
     # Two real kube-apiservers: what a linked cluster costs, and how fast a federated
     # service's change reaches a Get stream and an Envoy.
     "multicluster": [["linked_memory", "--runs", "3"],
@@ -74,12 +82,14 @@ QUICK: dict[str, list[list[str]]] = {
     "failover": [["failover", "--clients", "100", "--names", "3", "--services", "20",
                   "--channels", "5", "--runs", "1"]],
     "parallel": [["parallel", "--streams", "500", "--rounds", "2", "--runs", "1"]],
+    "workers": [["fanout", "--protocol", "sotw", "--streams", "100", "--runs", "3",
+                 "--channels", "5", "--workers", "2"]],
     "routes": [["route_edit", "--streams", "100", "--runs", "2", "--channels", "5"]],
     "multicluster": [["linked_memory", "--runs", "1", "--pods", "1000"],
                      ["multicluster_follow", "--flips", "4", "--runs", "1"]],
 }
 SUITES = ("fanout", "memory", "churn", "connect", "encode", "bigservice", "routes", "gcp",
-          "failover", "parallel", "multicluster")
+          "failover", "parallel", "workers", "multicluster")
 
 
 def discover() -> list[str]:

@@ -2,7 +2,8 @@
 
     python -m bench.big_service [--endpoints 100,1000,10000] [--changes 300] [--runs 5]
                                 [--metadata istio] [--latency-endpoints 10000] [--rate 3]
-                                [--latency-changes 60] [--streams 5] [--json]
+                                [--latency-changes 60] [--streams 5] [--pattern scale]
+                                [--clients lean] [--json]
 
 CPU: no network, in this process: the cluster cache, the View registry and both
 protocol layers' caches on one meshed service of N endpoints in slices of 100, with
@@ -36,7 +37,19 @@ of `--latency-endpoints` endpoints, `--streams` Linkerd `Get` streams in a child
 process (bench/h2client.py), and `--rate` changes a second applied on a fixed
 schedule (not waiting for the clients). Change-to-client is from the apply to the
 moment the last stream has decoded the change's message (CLOCK_MONOTONIC is one
-clock for both processes); p99 over every change of a run.
+clock for both processes); p99 over every change of a run. `--pattern flap` toggles
+one pod's readiness instead of scaling (the slice alone changes, as in `compare`'s
+one-big-service scenario); `--clients grpcio` makes the streams grpc.aio calls (as
+`compare`'s measuring clients are) instead of bench/h2client.py's lean ones.
+
+Serving CPU per change, from the same run: the server process's CPU time
+(time.process_time: every thread, user and system) from the first change's apply
+until the last stream has the last change, less what the process spends in as long
+a time with the streams open and nothing changing (measured for a second before),
+divided by the changes. That is everything the process does for a change: the
+core, the encoding, the writes to every stream and the event loop's turns, and
+what the clients' frames cost it; it is the figure `compare --isolate` reports as a
+model's serving CPU per change (docs/compare.md), on the same kind of change.
 """
 
 from __future__ import annotations
@@ -251,9 +264,13 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
             "leds": statistics.median(leds_cost)}
 
 
-async def measure_latency(endpoints: int, streams: int, rate: float,
-                          changes: int) -> dict[str, Any]:
-    """One run: change-to-last-client ms of every change, at `rate` changes/s."""
+IDLE_WINDOW = 1.0  # seconds of no change, every stream open, before the changes
+
+
+async def measure_latency(endpoints: int, streams: int, rate: float, changes: int,
+                          pattern: str = "scale", clients: str = "lean") -> dict[str, Any]:
+    """One run: change-to-last-client ms of every change, at `rate` changes/s, and
+    the server process's serving CPU per change."""
     from meshbridge import gctune
     from meshbridge.log import configure_logging
     from testkit.serving import serve_objects
@@ -267,9 +284,10 @@ async def measure_latency(endpoints: int, streams: int, rate: float,
         child = await Child.start(
             "bench.fanout", "--protocol", "get", "--server", f"127.0.0.1:{app.grpc_port}",
             "--streams", str(streams), "--first-phase", "1", "--channels", str(streams),
-            "--clients", "lean")
+            "--clients", clients)
         for _ in range(2):
             await child.line()  # {"ready": n}: first phase, then every stream open
+            await child.send(next=True)  # the child waits for this before going on
         streams_of = app.service("linkerd").streams
         await eventually(lambda: all(len(q) == 0 for q in streams_of), 120, "snapshots sent")
         svc = sim.services[0]
@@ -284,16 +302,24 @@ async def measure_latency(endpoints: int, streams: int, rate: float,
 
         # Built beforehand: the simulator rebuilds every slice of the service per change,
         # which is its cost, not the server's, and must not hold the event loop.
-        batches = [sim._step_scale(svc, up=n % 2 == 1) for n in range(1, changes + 1)]
+        batches = [sim._step_flap() if pattern == "flap" else
+                   sim._step_scale(svc, up=n % 2 == 1) for n in range(1, changes + 1)]
         reader = asyncio.create_task(read())
+        idle_cpu, idle_from = time.process_time(), time.monotonic()
+        await asyncio.sleep(IDLE_WINDOW)  # a window of no change, not synchronisation
+        idle_rate = (time.process_time() - idle_cpu) / (time.monotonic() - idle_from)
         start = time.monotonic() + 0.2
+        cpu0 = wall0 = 0.0
         for n, events in enumerate(batches, 1):
             delay = start + (n - 1) / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)  # the schedule, not synchronisation
             applied[n] = time.monotonic()
+            if n == 1:
+                cpu0, wall0 = time.process_time(), applied[n]
             app.cluster.apply(events)
         await asyncio.wait_for(reader, 120)
+        busy = time.process_time() - cpu0 - idle_rate * (time.monotonic() - wall0)
         latencies = [(arrived[n] - applied[n]) * 1000 for n in sorted(applied)]
     finally:
         if child is not None:
@@ -302,7 +328,9 @@ async def measure_latency(endpoints: int, streams: int, rate: float,
         gctune.release_heap()
     return {"latencies_ms": latencies,
             "p50_ms": statistics.median(latencies),
-            "p99_ms": _percentile(latencies, 99), "max_ms": max(latencies)}
+            "p99_ms": _percentile(latencies, 99), "max_ms": max(latencies),
+            "serving_cpu_ms_per_change": max(0.0, busy) * 1000 / changes,
+            "idle_cpu_ms_per_second": idle_rate * 1000}
 
 
 def _percentile(values: list[float], p: float) -> float:
@@ -320,12 +348,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     latency = []
     if args.latency_endpoints:
         latency = [asyncio.run(measure_latency(args.latency_endpoints, args.streams,
-                                               args.rate, args.latency_changes))
+                                               args.rate, args.latency_changes,
+                                               args.pattern, args.clients))
                    for _ in range(args.latency_runs)]
     return {"changes_per_run": args.changes, "runs": args.runs, "metadata": args.metadata,
             "cpu_us_per_change": cpu,
             "latency": {"endpoints": args.latency_endpoints, "streams": args.streams,
                         "rate": args.rate, "changes": args.latency_changes,
+                        "pattern": args.pattern, "clients": args.clients,
                         "runs": latency}}
 
 
@@ -352,6 +382,10 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(row(f"Linkerd Get change-to-client, {lat['endpoints']:,} endpoints",
                        f"p99, {lat['rate']:g} changes/s, {lat['streams']} streams",
                        [r["p99_ms"] for r in lat["runs"]], "ms", TARGET_P99_MS))
+        out.append(row(f"Linkerd Get streams, {lat['endpoints']:,} endpoints",
+                       f"server process CPU per change ({lat['pattern']}, "
+                       f"{lat['streams']} streams, {lat['clients']} clients)",
+                       [r["serving_cpu_ms_per_change"] for r in lat["runs"]], "ms"))
     return out
 
 
@@ -371,8 +405,11 @@ def report(result: dict[str, Any]) -> str:
     lat = result["latency"]
     for i, r in enumerate(lat["runs"], 1):
         lines.append(f"Get change-to-client at {lat['endpoints']:,} endpoints, "
-                     f"{lat['rate']:g}/s, run {i}: p50 {r['p50_ms']:.1f} ms, "
-                     f"p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms")
+                     f"{lat['rate']:g}/s ({lat['pattern']}, {lat['streams']} "
+                     f"{lat['clients']} streams), run {i}: p50 {r['p50_ms']:.1f} ms, "
+                     f"p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms; server "
+                     f"process CPU {r['serving_cpu_ms_per_change']:.2f} ms per change "
+                     f"(idle {r['idle_cpu_ms_per_second']:.2f} ms/s left out)")
     return "\n".join(lines)
 
 
@@ -391,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="changes per run (a p99 wants at least 100)")
     p.add_argument("--latency-runs", type=int, default=3)
     p.add_argument("--streams", type=int, default=5, help="Linkerd Get streams")
+    p.add_argument("--pattern", choices=("scale", "flap"), default="scale",
+                   help="the latency part's change: scale by one pod, or flap one pod")
+    p.add_argument("--clients", choices=("lean", "grpcio"), default="lean",
+                   help="the Get streams: bench/h2client.py's, or grpc.aio calls")
     args = p.parse_args(argv)
     return finish("big_service", run(args), args.json, rows, report)
 

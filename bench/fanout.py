@@ -1,7 +1,7 @@
 """Fan-out: one endpoint change on a View that N streams of one protocol watch.
 
     python -m bench.fanout --protocol get|sotw|delta [--streams 5000] [--runs 7]
-                           [--channels 50] [--endpoints 10] [--json]
+                           [--channels 50] [--endpoints 10] [--workers 1] [--json]
 
 meshbridge (both protocol layers, as `serve` mounts them) runs in this process; the
 N client streams run in a child process on 127.0.0.1, spread over `--channels`
@@ -17,6 +17,12 @@ Memory per idle subscriber is the server's resident-memory growth per stream
 between N/5 and N open streams (what is paid once, such as code and the first
 caches, is not counted); server CPU per change is this process's CPU time (every
 thread, gRPC's included) from the apply to the last stream having the change.
+
+`--workers N` (xDS only) serves the port from N worker processes as `serve --workers
+N` does (docs/workers.md): the change is applied in the watcher (this process), the
+streams are the workers'; server CPU is the watcher's and every worker's together,
+memory every process's resident memory added up, and the server is idle when every
+stream has ACKed what it was sent (read from the workers' stream registries).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from bench.common import Profile, client_arguments, cpu_seconds, finish, parser,
 from meshbridge import eventloop, gctune
 from meshbridge.eventloop import EVENT_LOOPS, default_loop
 from testkit.polling import eventually
-from testkit.processes import Child, commands, out_line, rss_kib
+from testkit.processes import Child, commands, out_line, pid_rss_kib, rss_kib
 
 PROTOCOLS = ("get", "sotw", "delta")
 TITLES = {"get": "Linkerd Get", "sotw": "xDS SotW EDS", "delta": "xDS delta EDS"}
@@ -91,7 +97,9 @@ class Arrivals:
         if count == 1:
             self._first_at[n] = now
         if count == self.streams:
-            out_line(run=n, first=self._first_at[n], last=now)
+            # The client's own CPU so far: between two runs it does nothing but take
+            # one change (decode, ACK), so the difference is its CPU per change.
+            out_line(run=n, first=self._first_at[n], last=now, cpu=time.process_time())
 
 
 async def run_client(args: argparse.Namespace) -> int:
@@ -259,8 +267,37 @@ def idle_check(app: Any, protocol: str) -> Any:
 
 def open_streams(app: Any, protocol: str) -> int:
     counts = app.streams.counts()
-    return int(counts.get({"get": "linkerd-get", "sotw": "xds-sotw",
-                           "delta": "xds-delta"}[protocol], 0))
+    return int(counts.get(STREAM_PROTOCOL[protocol], 0))
+
+
+STREAM_PROTOCOL = {"get": "linkerd-get", "sotw": "xds-sotw", "delta": "xds-delta"}
+
+
+def settled_over_workers(app: Any, protocol: str, n: int) -> Callable[[], Any]:
+    """With workers: at least `n` streams open, and every one has ACKed its EDS."""
+    async def settled() -> bool:
+        infos = [i for i in await app.stream_infos() if i.protocol == STREAM_PROTOCOL[protocol]]
+        return len(infos) >= n and all(
+            (st := i.types.get("eds")) is not None and st.last_sent_version
+            and st.last_ack_version == st.last_sent_version for i in infos)
+    return settled
+
+
+async def server_cpu(app: Any) -> float:
+    """CPU seconds of this process and, with workers, of every worker."""
+    cpu = cpu_seconds()
+    if app.watcher is not None and app.watcher.pool is not None:
+        cpu += sum(s["cpu"] for s in await app.watcher.pool.ask("stats"))
+    return cpu
+
+
+def server_rss_kib(app: Any) -> int:
+    """Resident memory of this process and, with workers, of every worker."""
+    total = rss_kib()
+    if app.watcher is not None and app.watcher.pool is not None:
+        for pid in app.watcher.pool.pids():
+            total += pid_rss_kib(pid)
+    return total
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -268,13 +305,17 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from testkit.serving import serve_objects
 
     configure_logging("console", "warning")
+    if args.workers > 1 and args.protocol == "get":
+        raise SystemExit("--workers above 1 measures the xDS protocols (their ACKs say "
+                         "when every worker is idle)")
     sim = scenario(args.endpoints)
-    app = await serve_objects(sim.initial_objects(), args.streams * 2 + 100)
+    app = await serve_objects(sim.initial_objects(), args.streams * 2 + 100,
+                              workers=args.workers)
     gctune.settle_heap()  # as `meshbridge serve` does once synced
     child: Child | None = None
     try:
         gc.collect()
-        rss0 = rss_kib()
+        rss0 = server_rss_kib(app)
         if args.trace_memory:
             tracemalloc.start()
         child = await Child.start(
@@ -282,32 +323,41 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             f"127.0.0.1:{app.grpc_port}", "--streams", str(args.streams),
             "--first-phase", str(max(1, args.streams // 5)), "--channels", str(args.channels),
             "--clients", args.clients)
-        idle = idle_check(app, args.protocol)
+        workers = args.workers > 1
+        idle: Callable[[], Any] = (settled_over_workers(app, args.protocol, 0) if workers
+                                   else idle_check(app, args.protocol))
+        period = 0.2 if workers else 0.02  # with workers, each look reads every stream
         readings = []
         for _phase in range(2):
             ready: int = (await child.line())["ready"]
 
-            def settled(n: int = ready) -> bool:
+            def settled(n: int = ready) -> Any:
+                if workers:
+                    return settled_over_workers(app, args.protocol, n)()
                 return open_streams(app, args.protocol) >= n and idle()
-            await eventually(settled, 120, "streams open and idle")
+            await eventually(settled, 120, "streams open and idle", period)
             gc.collect()
-            readings.append((ready, rss_kib(), tracemalloc.get_traced_memory()[0]))
+            readings.append((ready, server_rss_kib(app), tracemalloc.get_traced_memory()[0]))
             await child.send(next=True)
         tracemalloc.stop()
         (n1, rss1, heap1), (n2, rss2, heap2) = readings
         svc = sim.services[0]
-        latencies, firsts, cpu_ms = [], [], []
+        latencies, firsts, cpu_ms, client_cpu_ms = [], [], [], []
+        client_cpu: float | None = None
         profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
-            await eventually(idle, 120, "server idle before a run")
+            await eventually(idle, 120, "server idle before a run", period)
             # Alternate up and down so the View keeps its size.
             events = sim._step_scale(svc, up=run % 2 == 1)
-            cpu0 = cpu_seconds()
+            cpu0 = await server_cpu(app)
             t0 = time.monotonic()
             app.cluster.apply(events)
             got = await child.line()
-            cpu_ms.append((cpu_seconds() - cpu0) * 1000)
+            cpu_ms.append((await server_cpu(app) - cpu0) * 1000)
             assert got["run"] == run, got
+            if client_cpu is not None and "cpu" in got:
+                client_cpu_ms.append((got["cpu"] - client_cpu) * 1000)
+            client_cpu = got.get("cpu")
             latencies.append((got["last"] - t0) * 1000)
             firsts.append((got["first"] - t0) * 1000)
         profile.save()
@@ -318,10 +368,13 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         gctune.release_heap()
     return {
         "protocol": args.protocol, "streams": args.streams, "channels": args.channels,
+        "workers": args.workers,
         "clients": args.clients, "event_loop": args.event_loop,
         "endpoints": args.endpoints, "runs": args.runs,
         "all_received_ms": latencies, "first_received_ms": firsts,
         "server_cpu_ms": cpu_ms,
+        # The load client's CPU per change (runs 2 on; it shares the cores).
+        "client_cpu_ms": client_cpu_ms,
         "memory_per_idle_stream_kib": (rss2 - rss1) / (n2 - n1),
         "python_heap_per_idle_stream_kib": ((heap2 - heap1) / 1024 / (n2 - n1)
                                             if args.trace_memory else None),
@@ -334,6 +387,9 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     p, n = result["protocol"], result["streams"]
     target = TARGET_MS[p] if n == TARGET_STREAMS else None
     clients = "" if result.get("clients", "lean") == "lean" else ", grpc.aio clients"
+    workers = result.get("workers", 1)
+    if workers > 1:
+        clients += f", {workers} workers"
     out = [row(f"fan-out: one change to {n:,} {TITLES[p]} streams{clients}",
                "last stream has it", result["all_received_ms"], "ms", target,
                first_ms=result["first_received_ms"], server_cpu_ms=result["server_cpu_ms"])]
@@ -346,14 +402,17 @@ def report(result: dict[str, Any]) -> str:
     lat = result["all_received_ms"]
     return "\n".join([
         f"fan-out: {result['streams']:,} {TITLES[result['protocol']]} streams over "
-        f"{result['channels']} connections ({result.get('clients', 'grpcio')} clients), one "
+        f"{result['channels']} connections ({result.get('clients', 'grpcio')} clients), "
+        f"{result.get('workers', 1)} worker(s), one "
         f"View of {result['endpoints']} endpoints, {result['runs']} runs, "
         f"{result.get('event_loop', 'asyncio')} loop",
         f"  last stream has the change: median {statistics.median(lat):.1f} ms "
         f"(min {min(lat):.1f}, max {max(lat):.1f})",
         f"  first stream has it: median {statistics.median(result['first_received_ms']):.1f}"
         " ms",
-        f"  server CPU per change: median {statistics.median(result['server_cpu_ms']):.1f} ms",
+        f"  server CPU per change: median {statistics.median(result['server_cpu_ms']):.1f} ms"
+        + (f"; the load client's: {statistics.median(result['client_cpu_ms']):.1f} ms"
+           if result.get("client_cpu_ms") else ""),
         f"  memory per idle stream: {result['memory_per_idle_stream_kib']:.1f} KiB "
         f"(server RSS {result['server_rss_mib']['start']:.0f} -> "
         f"{result['server_rss_mib']['all']:.0f} MiB)"
@@ -377,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", choices=("lean", "grpcio"), default="lean",
                    help="the client streams: bench/h2client.py's callbacks (default) or "
                         "one grpc.aio call and task per stream")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes serving the port (xDS only; docs/workers.md)")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_loop(),
                    help="the server's event loop (the client's is always asyncio's)")
     client_arguments(p)

@@ -9,8 +9,9 @@ Watcher side, `GetFeeds`: `get.open(call, request, peer)` is answered with
 it) and the messages a new stream is sent first — or `get.refused(call, code,
 details)`, counted and logged as in one process. Then each version of the View is
 `get.diff(feed, published_at, messages)`; `get.close(feed)` says one stream of it
-ended. The channel is ordered, so a snapshot at version v is followed by the diffs
-from v+1 on.
+ended; `get.end(feed)` ends every stream of it (a federated Service that goes,
+Linkerd §2.4). The channel is ordered, so a snapshot at version v is followed by the
+diffs from v+1 on.
 
 Worker side, `MirroredGet`: the Get handler itself, writing from those messages
 (`DestinationWriter`, as in one process).
@@ -46,7 +47,7 @@ SERVICE_NAME = "io.linkerd.proxy.destination.Destination"
 class GetFeed:
     """One worker's Get streams of one View: the View's subscriber for all of them."""
 
-    __slots__ = ("feeds", "id", "key", "link", "weight")
+    __slots__ = ("ends_with_service", "feeds", "id", "key", "link", "weight")
 
     def __init__(self, feeds: GetFeeds, link: Link, feed_id: int, key: ViewKey) -> None:
         self.feeds = feeds
@@ -54,8 +55,12 @@ class GetFeed:
         self.id = feed_id
         self.key = key
         self.weight = 0  # the worker's streams on it (the View's subscriber count)
+        self.ends_with_service = False
 
     def on_view_change(self, view: View, change: ViewChange) -> None:
+        if self.ends_with_service and not view.exists:
+            self.link.send("get.end", self.id)
+            return
         messages = self.feeds.service.encoder.diff(view, change)
         if messages:
             self.link.send("get.diff", self.id, view.published_at, messages)
@@ -86,6 +91,7 @@ class GetFeeds:
             if feed is None or found is None:
                 feed = GetFeed(self, link, next(self._ids), key)
                 view = service.subscribe_get(key, feed, path)
+                feed.ends_with_service = service.ends_with_service(view)
                 self._feeds[(id(link), key)] = feed
                 self._by_id[(id(link), feed.id)] = feed
             else:
@@ -149,6 +155,7 @@ class MirroredGet:
         self.link.on("get.opened", self._opened)
         self.link.on("get.refused", self._refused)
         self.link.on("get.diff", self._diff)
+        self.link.on("get.end", self._end)
         self.link.on_closed(self._watcher_gone)
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -218,6 +225,10 @@ class MirroredGet:
                     if stream.overflowed:
                         self._overflow(stream)
                     break
+
+    def _end(self, feed_id: int) -> None:
+        for stream in list(self._feeds.get(feed_id, ())):
+            stream.end()
 
     def _watcher_gone(self) -> None:
         for _, answer in self._pending.values():

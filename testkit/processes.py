@@ -28,13 +28,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 def rss_kib() -> int:
     """This process's resident memory (Linux /proc), in KiB."""
+    found = pid_rss_kib("self")
+    return found if found else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def pid_rss_kib(pid: int | str) -> int:
+    """A process's resident memory (Linux /proc), in KiB; 0 if it is gone."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return 0
 
 
 @contextlib.contextmanager

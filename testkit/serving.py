@@ -78,10 +78,12 @@ class Apps:
 
 
 async def serve_objects(objects: Iterable[Any], streams_per_client: int = 50_000,
-                        listen: str = "127.0.0.1:0") -> App:
+                        listen: str = "127.0.0.1:0", workers: int | None = None) -> App:
     """A started App serving `objects` on `listen` (admin on any free port), with the
-    HTTP/2 budgets of a crowd of clients on loopback (`LOOPBACK_CROWD`)."""
+    HTTP/2 budgets of a crowd of clients on loopback (`LOOPBACK_CROWD`); served by
+    `workers` processes (`serving_workers()` unless given)."""
     app = loopback_app(StaticSource(objects), listen=listen, limits=Limits(
-        max_streams_per_client=streams_per_client, h2=LOOPBACK_CROWD))
+        max_streams_per_client=streams_per_client, h2=LOOPBACK_CROWD),
+        workers=serving_workers() if workers is None else workers)
     await app.start()
     return app

@@ -6,6 +6,7 @@ only read that dict, so what the tables say and what the JSON says cannot differ
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -163,6 +164,8 @@ def figures(run: Run, kube: KubeSide | None = None) -> dict[str, Any]:
         },
         "models": models,
         "server": {
+            # The server runs in the compare process, where the figures are computed.
+            "pid": os.getpid(),
             "cpu_seconds": run.cpu_seconds, "cpu_user": run.cpu_user,
             "cpu_system": run.cpu_system,
             "cpu_ms_per_change": _per(run.cpu_seconds * 1000, changes),

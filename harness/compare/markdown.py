@@ -76,13 +76,18 @@ WHERE_MEASURED = (
      "recorded inside `Cluster.apply`, by each version's delta"),
     ("bytes and messages", "protobuf payloads counted by the clients as read off "
      "the wire, and by the server per stream; the two must agree (a check)"),
-    ("server CPU", "this process's CPU time (every thread) from the start of the churn "
+    ("server CPU", "the server runs in the compare process itself: its CPU time "
+     "(`time.process_time`, user + system of every thread) from the start of the churn "
      "to the end of the settle: the server's work for the changes and every stream, "
      "plus the harness's own share in the same process (the sim source making each "
      "change, the truth recorder following the Views: each timed on its own) and what "
      "the process spends with nothing changing (its rate measured for a while before "
      "the churn, every client connected); the serving CPU per change leaves those two "
-     "out"),
+     "out. It is everything the server does per change: the core, each encoding, "
+     "every stream's write, the event loop's turns and reading what the clients send "
+     "back; `bench.big_service --pattern flap --clients grpcio` measures the same "
+     "(its \"server process CPU per change\"), its core + Linkerd figure only the "
+     "core and one encoding"),
     ("server heap and resident memory", "this process, while each model's clients "
      "connected, one model at a time (tracemalloc and /proc)"),
     ("client CPU", "each model's client process, its own CPU time"),
@@ -234,7 +239,8 @@ def markdown(fig: Mapping[str, Any]) -> str:
               "bytes v1 Endpoints would for this churn (JSON watch events, without "
               "managedFields).", "",
               "## Server", "",
-              f"- CPU: {srv['cpu_seconds']:.2f}s over the churn and settle "
+              f"- CPU of the server process (this compare process, pid "
+              f"{srv.get('pid', '-')}): {srv['cpu_seconds']:.2f}s over the churn and settle "
               f"({srv['cpu_user']:.2f}s user, {srv['cpu_system']:.2f}s system), "
               f"{srv['cpu_ms_per_change']:.2f} ms per change, all models together; of "
               f"it the harness's own (sim source, truth recorder) "

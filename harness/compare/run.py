@@ -23,6 +23,7 @@ import gc
 import json
 import os
 import resource
+import statistics
 import sys
 import time
 import tracemalloc
@@ -526,14 +527,19 @@ def _watch(app: App, workers: Workers, r: Run, progress: Progress) -> None:
 async def _idle_rate(app: App, workers: Workers, r: Run, seconds: float,
                      progress: Progress) -> float:
     """The server's CPU seconds per second while nothing changes, the run loop doing
-    what it does during the churn."""
+    what it does during the churn: the median over the loop's half-second turns, so
+    that a one-off in the window (a collection, a late connection's bookkeeping) is
+    not charged to every second of the churn."""
     if seconds <= 0:
         return 0.0
-    cpu0, start = time.process_time(), time.monotonic()
-    while (left := start + seconds - time.monotonic()) > 0:
+    rates = []
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        cpu0, start = time.process_time(), time.monotonic()
         _watch(app, workers, r, progress)
         await asyncio.sleep(min(0.5, left))  # the churn loop's period, not synchronisation
-    return (time.process_time() - cpu0) / (time.monotonic() - start)
+        rates.append((time.process_time() - cpu0) / (time.monotonic() - start))
+    return statistics.median(rates)
 
 
 def _heap() -> int:

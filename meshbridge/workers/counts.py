@@ -64,6 +64,9 @@ class SharedCounts:
         return (kind * self.workers + worker) * self.region
 
     def close(self) -> None:
+        """Unmap and close the segment; closing it again does nothing."""
+        if self._map.closed:
+            return
         self.cells.release()
         self._map.close()
         os.close(self.fd)

@@ -21,7 +21,7 @@ from meshbridge import log as logs
 from meshbridge.host import Layer
 from meshbridge.stream_registry import StreamInfo
 from meshbridge.workers.gather import merge_families
-from meshbridge.workers.pool import WorkerPool
+from meshbridge.workers.pool import WorkerFailed, WorkerPool
 from meshbridge.workers.process import WorkerSpec
 from meshbridge.workers.relay import RelayServer
 
@@ -51,13 +51,13 @@ class Watcher:
         gRPC port they listen on."""
         app = self.app
         if app.options.grpc_transport != "native":
-            raise ValueError("--workers above 1 needs --grpc-transport native")
+            raise WorkerFailed("needs --grpc-transport native")
         sink = HandlerSink()
         app._mount(sink)
         start_source()
         if app.port_tls() is not None:
-            raise ValueError("--tls-from-identity is not served by workers yet: "
-                             "use --workers 1, or --tls-cert/--tls-key")
+            raise WorkerFailed("--tls-from-identity is not served by workers yet: "
+                           "use --workers 1, or --tls-cert/--tls-key")
         self.relay = relay = RelayServer(sink.handlers)
         modules = tuple(_module_of(layer) for layer in app.layers)
         loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") \
@@ -77,9 +77,12 @@ class Watcher:
         return await pool.start()
 
     async def stop(self, grace: float) -> None:
-        if self.pool is not None:
-            await self.pool.stop(grace)
-            self.pool.counts.close()
+        """Stop the workers and free what they shared; once (an App may be stopped
+        again, by a test and its fixture, say: the second stop finds nothing to do)."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await pool.stop(grace)
+            pool.counts.close()
 
     async def stream_infos(self) -> list[StreamInfo]:
         """Every worker's client streams (the watcher's own are the relayed ones)."""

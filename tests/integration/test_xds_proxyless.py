@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from meshbridge.app import App
+from meshbridge.stream_registry import StreamInfo
 from testkit.polling import HANG, eventually, eventually_seen
 from tests.conftest import AppFactory
 from tests.integration.xds_helpers import Manifests, service_with_addresses
@@ -122,18 +123,22 @@ async def test_proxyless_grpc_reaches_both_backends_then_only_the_one_left(
             return set(got["backends"]) == set(BACKENDS) and not got["errors"], got
         await eventually_seen(both, HANG, "RPCs reaching both backends", period=0)
 
-        [stream] = [s for s in await app.stream_infos() if s.client == "proxyless-probe"]
-        eds = stream.types["eds"]
-        before = eds.last_sent_version
+        async def probe_stream() -> StreamInfo:
+            # Read afresh each time: with workers, what the App lists is a copy.
+            [stream] = [s for s in await app.stream_infos() if s.client == "proxyless-probe"]
+            return stream
+
+        before = (await probe_stream()).types["eds"].last_sent_version
         edits.remove_endpoint("echo.yaml", "xdstest", "echo-1", "127.0.0.3")
         # The client took the new assignment: meshbridge sent it and grpc ACKed it.
         # grpc swaps its picker just after the ACK, so a few RPCs may still go to
         # 127.0.0.3; a hundred in a row to 127.0.0.2 say the picker changed (with both
         # backends still held, that happens by chance one time in 2**100).
-        await eventually(
-            lambda: eds.last_sent_version != before
-            and eds.last_ack_version == eds.last_sent_version, HANG,
-            "an ACKed EDS response after the edit")
+        async def acked() -> bool:
+            eds = (await probe_stream()).types["eds"]
+            return eds.last_sent_version != before \
+                and eds.last_ack_version == eds.last_sent_version
+        await eventually(acked, HANG, "an ACKed EDS response after the edit")
 
         async def only_two() -> tuple[bool, Any]:
             got = await probe.call(100)
@@ -143,6 +148,7 @@ async def test_proxyless_grpc_reaches_both_backends_then_only_the_one_left(
         assert await probe.call(100) == {"backends": {"127.0.0.2": 100}, "errors": {}}
 
         # One ADS stream carried all four types, named explicitly, each ACKed.
+        stream = await probe_stream()
         assert stream.protocol == "xds-sotw"
         assert sorted(stream.types) == ["cds", "eds", "lds", "rds"]
         for state in stream.types.values():
