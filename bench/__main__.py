@@ -47,7 +47,11 @@ FULL: dict[str, list[list[str]]] = {
     "connect": [["connect", "--runs", "3"], ["connect", "--runs", "3",
                                              "--clients-kind", "grpcio"]],
     "encode": [["encode", "--runs", "5"]],
-    "bigservice": [["big_service", "--runs", "5"]],
+    # The second: compare's one-big-service shape (a flap in 5,000 endpoints), the
+    # server process's CPU per change beside compare --isolate's (docs/performance.md).
+    "bigservice": [["big_service", "--runs", "5"],
+                   ["big_service", "--endpoints", "5000", "--runs", "3", "--latency-endpoints",
+                    "5000", "--pattern", "flap", "--latency-runs", "3"]],
     "routes": [["route_edit", "--streams", "1000", "--runs", "5"]],
     # Beside go-control-plane's LinearCache (built from the Go module proxy), one run.
     "gcp": [["gcp_compare", "--protocol", p, "--streams", "5000", "--runs", "5"]
