@@ -64,15 +64,21 @@ class _Details:
         self.invocation_metadata = metadata
 
 
-class _Requests:
-    """The request iterator a client-streaming handler is given."""
+class _Readable(Protocol):
+    async def read(self) -> Any: ...
+
+
+class RequestIterator:
+    """The request iterator a client-streaming handler is given: the messages of any
+    call whose `read()` ends with `EOF` (this server's calls, and the calls a worker
+    relays to the watcher, meshbridge/workers/relay.py)."""
 
     __slots__ = ("_call",)
 
-    def __init__(self, call: ServerCall) -> None:
+    def __init__(self, call: _Readable) -> None:
         self._call = call
 
-    def __aiter__(self) -> _Requests:
+    def __aiter__(self) -> RequestIterator:
         return self
 
     async def __anext__(self) -> Any:
@@ -552,7 +558,7 @@ class ServerCall:
 
     async def _drive(self, handler: grpc.RpcMethodHandler) -> None:
         if handler.request_streaming:
-            request: Any = _Requests(self)
+            request: Any = RequestIterator(self)
         else:
             request = await self.read()
             if request is EOF:

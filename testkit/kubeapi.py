@@ -774,3 +774,16 @@ def kube_apiserver() -> Iterator[KubeAPIServer]:
             if _shared_users == 0 and _shared is not None:
                 _shared.stop()
                 _shared = None
+
+
+def put_endpoint_slice(discovery: Any, namespace: str, body: dict[str, Any]) -> None:
+    """Create the EndpointSlice `body`, or replace it when a slice of that name is
+    there already (from an earlier step of the test), through a DiscoveryV1Api."""
+    from kubernetes import client  # only the tests that write objects need it
+
+    try:
+        discovery.create_namespaced_endpoint_slice(namespace, body)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+        discovery.replace_namespaced_endpoint_slice(body["metadata"]["name"], namespace, body)

@@ -29,7 +29,7 @@ from bridge.sources.kube import KubeSource
 from linkerd_api.service import LinkerdOptions
 from meshbridge.app import App, ServeOptions
 from meshbridge.layers import protocol_layers
-from testkit.kubeapi import KubeAPIServer
+from testkit.kubeapi import KubeAPIServer, put_endpoint_slice
 from testkit.polling import eventually
 from xds_api.service import XdsOptions
 
@@ -129,12 +129,7 @@ class Objects:
             "addressType": "IPv4",
             "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
             "endpoints": [self._endpoint(e, hints) for e in endpoints]}
-        try:
-            self.discovery.create_namespaced_endpoint_slice(self.ns, body)
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
-            self.discovery.replace_namespaced_endpoint_slice(name, self.ns, body)
+        put_endpoint_slice(self.discovery, self.ns, body)
 
     def _endpoint(self, e: Endpoint, hints: Sequence[str] | None) -> dict[str, Any]:
         out: dict[str, Any] = {"addresses": [e.ip], "conditions": {"ready": e.ready},

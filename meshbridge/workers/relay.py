@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 import structlog
 
+from h2grpc.call import RequestIterator
 from meshbridge.workers.link import Link
 
 log = structlog.get_logger("meshbridge.workers")
@@ -230,7 +231,7 @@ class RelayServer:
         """Drive the handler as the native server does (h2grpc.call.ServerCall._drive)."""
         try:
             if handler.request_streaming:
-                request: Any = _Requests(context)
+                request: Any = RequestIterator(context)
             else:
                 request = await context.read()
                 if request is _EOF:
@@ -278,22 +279,6 @@ class RelayServer:
         for key, (_, task) in list(self._calls.items()):
             if key[0] == link:
                 task.cancel()
-
-
-class _Requests:
-    __slots__ = ("_context",)
-
-    def __init__(self, context: RelayContext) -> None:
-        self._context = context
-
-    def __aiter__(self) -> _Requests:
-        return self
-
-    async def __anext__(self) -> Any:
-        message = await self._context.read()
-        if message is _EOF:
-            raise StopAsyncIteration
-        return message
 
 
 # ---------------------------------------------------------------------- worker side

@@ -137,13 +137,7 @@ class World:
                           for pod, ip, zone, cond in endpoints]}
 
     def put_slice(self, body: dict[str, Any]) -> None:
-        name = body["metadata"]["name"]
-        try:
-            self.disc.create_namespaced_endpoint_slice(self.ns, body)
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
-            self.disc.replace_namespaced_endpoint_slice(name, self.ns, body)
+        kubeapi.put_endpoint_slice(self.disc, self.ns, body)
 
     def close(self) -> None:
         for n in self.nodes:

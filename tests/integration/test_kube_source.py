@@ -91,13 +91,7 @@ class Objects:
         }
 
     def put_slice(self, name: str, pods: list[tuple[str, str]]) -> None:
-        body = self.slice_body(name, pods)
-        try:
-            self.discovery.create_namespaced_endpoint_slice(self.ns, body)
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
-            self.discovery.replace_namespaced_endpoint_slice(name, self.ns, body)
+        kubeapi.put_endpoint_slice(self.discovery, self.ns, self.slice_body(name, pods))
 
     def cleanup(self) -> None:
         for n in self.nodes:
@@ -317,13 +311,8 @@ async def test_a_relist_and_an_outage_during_churn_leave_every_client_on_the_tru
     services = ("alpha", "beta", "gamma")
 
     def put(service: str, chosen: list[tuple[str, str]]) -> None:
-        body = objs.slice_body(f"{service}-a", chosen, service=service)
-        try:
-            objs.discovery.create_namespaced_endpoint_slice(objs.ns, body)
-        except client.ApiException as e:
-            if e.status != 409:
-                raise
-            objs.discovery.replace_namespaced_endpoint_slice(f"{service}-a", objs.ns, body)
+        kubeapi.put_endpoint_slice(objs.discovery, objs.ns,
+                                   objs.slice_body(f"{service}-a", chosen, service=service))
 
     for i, svc in enumerate(services):
         objs.service(svc)
