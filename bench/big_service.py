@@ -101,10 +101,10 @@ class _XdsWatcher:
         self.sub = sub
 
     def resource_changed(self, type_url: str, name: str) -> None:
-        self.sub.dirty.add(name)
+        self.sub.mark(name)
 
     def endpoints_changed(self, name: str, view: Any) -> None:
-        self.sub.dirty.add(name)
+        self.sub.mark(name)
 
 
 class _TimedValue:
@@ -203,7 +203,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
     ledsub = Subscription(rt.LB_ENDPOINT, delta=True)
     leds.watch(ledsub, collections, _XdsWatcher("xds-delta", ledsub))
     ledsub.names = set(collections)
-    ledsub.dirty.update(collections)
+    ledsub.mark_all(collections)
 
     # Streams only to frame responses with: what each stream adds to the shared bytes.
     sotw_stream, delta_stream = SotwStream(cache), DeltaStream(cache)
@@ -218,7 +218,7 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
         """What a LEDS stream does per change: the reply, framed, and recording what
         the client then holds."""
         reply = cache.delta_reply(ledsub)
-        ledsub.dirty.clear()
+        ledsub.clean()
         ledsub.must_reply = False
         if reply is None:
             return 0

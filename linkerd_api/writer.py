@@ -93,7 +93,7 @@ class DestinationWriter:
         info = self.registry.add(StreamInfo(
             "linkerd-get" if method == "Get" else "linkerd-profile", context.peer(),
             client=request.context_token.strip()[:500]))
-        info.state(target).subscribed = (request.path,)
+        info.subscribe(target, (request.path,))
         stream.info = info
         self.live.add(stream)
         self.open_streams.labels(method).inc()

@@ -59,13 +59,31 @@ class TypeState:
         return SYNCED if self.last_ack_version == self.last_sent_version else STALE
 
 
+# Subscribed-name tuples by value: thousands of streams subscribed to the same few
+# names keep one tuple (small ones only; bounded, cleared when full).
+_SUBSCRIBED: dict[tuple[str, ...], tuple[str, ...]] = {}
+_MAX_SUBSCRIBED = 4096
+_SHARED_SUBSCRIBED = 16
+
+
+def shared_subscribed(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names`, as the one tuple every stream subscribed to the same (if small)."""
+    if len(names) > _SHARED_SUBSCRIBED:
+        return names
+    known = _SUBSCRIBED.get(names)
+    if known is None:
+        if len(_SUBSCRIBED) >= _MAX_SUBSCRIBED:
+            _SUBSCRIBED.clear()
+        known = _SUBSCRIBED[names] = names
+    return known
+
+
 @dataclass(slots=True)
 class StreamInfo:
     protocol: str  # linkerd-get | linkerd-profile | xds-sotw | xds-delta
     peer: str
     client: str = ""  # xDS node id, or the Linkerd context token
     started_at: float = field(default_factory=time.time)
-    types: dict[str, TypeState] = field(default_factory=dict)
     messages_sent: int = 0
     bytes_sent: int = 0
     id: int = 0
@@ -75,12 +93,45 @@ class StreamInfo:
     convergence: Any = None  # the histogram child, set by StreamRegistry.add
     # The worker process serving it (`--workers N`), None in a process of its own.
     worker: int | None = None
+    # Per type (xDS) or target (Linkerd): almost every stream has one, so the first is
+    # kept inline and a dict exists only for a second (`types` shows them all); a dict
+    # per stream was ~0.2 KiB of each idle stream.
+    _first_name: str = field(default="", repr=False)
+    _first: TypeState | None = field(default=None, repr=False)
+    _others: dict[str, TypeState] | None = field(default=None, repr=False)
+
+    @property
+    def types(self) -> dict[str, TypeState]:
+        """Type (or target) -> its delivery state, as a new dict (for the pages)."""
+        out = {} if self._first is None else {self._first_name: self._first}
+        if self._others is not None:
+            out.update(self._others)
+        return out
 
     def state(self, type_name: str) -> TypeState:
-        st = self.types.get(type_name)
+        if type_name == self._first_name and self._first is not None:
+            return self._first
+        if self._first is None:
+            self._first_name = type_name
+            st = self._first = TypeState()
+            return st
+        others = self._others
+        if others is None:
+            others = self._others = {}
+        st = others.get(type_name)
         if st is None:
-            st = self.types[type_name] = TypeState()
+            st = others[type_name] = TypeState()
         return st
+
+    def subscribe(self, type_name: str, names: tuple[str, ...]) -> None:
+        """What the stream is now subscribed to of this type (or target)."""
+        self.state(type_name).subscribed = shared_subscribed(names)
+
+    def copy(self) -> StreamInfo:
+        """A copy without what ties it to this process (its histogram), for another
+        process's pages."""
+        return dataclasses.replace(self, convergence=None, _others=None if self._others is None
+                                   else dict(self._others))
 
     def changed(self, published_at: float) -> None:
         """A View this stream follows has a new version, published at `published_at`."""
@@ -208,8 +259,7 @@ class StreamRegistry:
     def detached(self) -> list[StreamInfo]:
         """Copies of every stream's entry without what ties it to this process (its
         histogram), for another process's pages."""
-        return [dataclasses.replace(s, types=dict(s.types), convergence=None)
-                for s in self._streams.values()]
+        return [s.copy() for s in self._streams.values()]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

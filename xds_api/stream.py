@@ -311,7 +311,7 @@ class XdsStream:
             reply = self._reply(sub)
             if reply is Pending.PENDING:
                 continue  # what is due stays due; the cache wakes us when it can tell
-            sub.dirty.clear()
+            sub.clean()
             sub.must_reply = False
             if reply is None:
                 continue
@@ -356,14 +356,14 @@ class XdsStream:
         sub = self.subs.get(type_url)
         if sub is None:
             return
-        sub.dirty.add(name)
+        sub.mark(name)
         self._waker.wake()
 
     def endpoints_changed(self, name: str, view: View) -> None:
         sub = self.subs.get(rt.ENDPOINT)
         if sub is None:
             return
-        sub.dirty.add(name)
+        sub.mark(name)
         if self.info is not None:
             self.info.changed(view.published_at)
         self._waker.wake()
@@ -434,8 +434,8 @@ class XdsStream:
         if self.info is not None and (change.added or change.removed or change.wildcard_added
                                       or change.wildcard_removed):
             shown = sorted(sub.names)
-            self.info.state(rt.short_name(t)).subscribed = tuple(
-                [rt.WILDCARD, *shown] if sub.wildcard else shown)
+            self.info.subscribe(rt.short_name(t),
+                                tuple([rt.WILDCARD, *shown] if sub.wildcard else shown))
         self.cache.watch(sub, change, self)
 
     def _acked(self, sub: Subscription, nonce: str, version: str) -> None:
@@ -472,7 +472,7 @@ class XdsStream:
         for name in changed:
             if name in eds.sent:
                 del eds.sent[name]
-            eds.dirty.add(name)
+            eds.mark(name)
 
     def _answer_unknown(self, response: bytes) -> None:
         # The only responses ever queued: bounded, so that a client spamming unknown
@@ -601,7 +601,7 @@ class SotwStream(XdsStream):
             sub.must_reply = False
             sub.sent.clear()
         if change.wildcard_added:
-            sub.dirty.add(rt.WILDCARD)
+            sub.mark(rt.WILDCARD)
         self._apply_watches(sub, change)
         if sub.dirty or sub.must_reply:
             self._waker.wake()
@@ -728,7 +728,7 @@ class DeltaStream(XdsStream):
         initial = self._initial_versions(sub, req, subscribe, unsubscribe) if first else None
         change = sub.apply_delta(subscribe, unsubscribe, initial)
         if change.wildcard_added:
-            sub.dirty.update(self.cache.wildcard_names(t))
+            sub.mark_all(self.cache.wildcard_names(t))
         self._apply_watches(sub, change)
         if sub.dirty or sub.must_reply:
             self._waker.wake()

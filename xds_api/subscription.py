@@ -115,6 +115,10 @@ class HeldVersions(dict[str, str]):
 _VERSION_TEXTS: dict[int, str] = {}
 
 
+# Nothing due: the `dirty` of every subscription with nothing to look at (thousands
+# of idle streams hold this one empty set, not an empty set each; `mark` replaces it).
+CLEAN: frozenset[str] = frozenset()
+
 # Never written to (Subscription.leds_synced_to replaces it first); clear() and pop()
 # on it change nothing.
 _NOT_SYNCED: dict[str, tuple[object, int]] = {}
@@ -167,7 +171,8 @@ class Subscription:
     # A name leaving the subscription leaves this map, so asking again resends it.
     sent: HeldVersions = field(default_factory=HeldVersions)
     # Names to look at on the next reply: newly requested, or changed in the cache.
-    dirty: set[str] = field(default_factory=set)
+    # CLEAN while there are none; changed only through `mark`, `mark_all` and `clean`.
+    dirty: set[str] | frozenset[str] = CLEAN
     # §1.8(a): the first request of a type is answered even when nothing exists, so
     # the client can finish initialising; §2: likewise the first delta wildcard.
     must_reply: bool = False
@@ -211,6 +216,25 @@ class Subscription:
             self.leds_synced = {}
         self.leds_synced[collection] = state
 
+    def mark(self, name: str) -> None:
+        """`name` is to be looked at on the next reply."""
+        dirty = self.dirty
+        if isinstance(dirty, set):
+            dirty.add(name)
+        else:  # CLEAN
+            self.dirty = {name}
+
+    def mark_all(self, names: Iterable[str]) -> None:
+        dirty = self.dirty
+        if isinstance(dirty, set):
+            dirty.update(names)
+        else:  # CLEAN
+            self.dirty = set(names) or CLEAN
+
+    def clean(self) -> None:
+        """Everything due was looked at: the set goes back to the shared CLEAN."""
+        self.dirty = CLEAN
+
     @property
     def wildcard_capable(self) -> bool:
         return self.type_url in rt.WILDCARD_CAPABLE
@@ -237,7 +261,7 @@ class Subscription:
             if removed:
                 # §1.6: under `*` the client still holds what it stopped naming; the
                 # full-state set decides whether it keeps it, so look at it again.
-                self.dirty.add(rt.WILDCARD)
+                self.mark(rt.WILDCARD)
         else:
             for name in removed:
                 # §1.5: a name asked for again later must be sent again, even unchanged.
@@ -254,7 +278,7 @@ class Subscription:
             # §1.5: a newly requested name is sent, even if it went out before under
             # `*` and has not changed since.
             self.sent.pop(name, None)
-        self.dirty |= added
+        self.mark_all(added)
         return NameChange(added, removed, self.wildcard and not was_wildcard,
                           was_wildcard and not self.wildcard)
 
@@ -267,7 +291,7 @@ class Subscription:
         nothing we know of, so everything subscribed is due again."""
         self.sent.clear()
         self.leds_synced.clear()
-        self.dirty |= self.names
+        self.mark_all(self.names)
         self.must_reply = True
 
     # ------------------------------------------------------------------ delta
@@ -292,7 +316,7 @@ class Subscription:
             # tell it about what it holds that no longer exists.
             self.leds_synced.clear()
             self.sent.update(initial_versions or {})
-            self.dirty.update(initial_versions or {})
+            self.mark_all(initial_versions or {})
             if self.wildcard_capable and not subscribe and not unsubscribe:
                 # §2 legacy wildcard: a first request with both lists empty is `*`.
                 self.wildcard = True
@@ -319,7 +343,7 @@ class Subscription:
                 # §2: with `*` still on, the client must be told whether the wildcard
                 # covers the name: it is sent again if so, else reported removed.
                 self.sent[name] = RESEND
-                self.dirty.add(name)
+                self.mark(name)
             else:
                 self.sent.pop(name, None)
         for name in subscribe:
@@ -330,7 +354,7 @@ class Subscription:
             elif name not in names:
                 added.add(name)
             names.add(name)
-            self.dirty.add(name)
+            self.mark(name)
             if not (first and name in (initial_versions or {})):
                 # §2: a name in resource_names_subscribe is sent even if the client
                 # seems to hold it at the current version: it may have forgotten it.

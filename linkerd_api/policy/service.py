@@ -453,7 +453,7 @@ class PolicyService:
         # sees a proxy's policy watches next to the Get they lead to.
         info = self.host.streams.add(StreamInfo(
             STREAM_PROTOCOLS[method], context.peer(), client=workload.strip()[:500]))
-        info.state(target).subscribed = (target,)
+        info.subscribe(target, (target,))
         gauge = self.open_streams.labels(method)
         gauge.inc()
         sent = 0

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from bridge.authority import view_authority
 from bridge.model import EndpointId, FilterKey, ServiceKey, ViewKey
@@ -80,16 +80,62 @@ class ViewWatch(ViewSubscriber, Protocol):
 W = TypeVar("W", bound=ViewWatch)
 
 
-def drop_watches(views: ViewRegistry, watches: dict[Subscription, dict[str, W]],
+class SubWatches(Generic[W]):
+    """Each subscription's watches by name. A subscription watching one name (nearly
+    every EDS stream) is mapped to its watch itself, not to a dict of one: a dict per
+    idle stream was ~0.2 KiB of it."""
+
+    __slots__ = ("_by_sub",)
+
+    def __init__(self) -> None:
+        self._by_sub: dict[Subscription, W | dict[str, W]] = {}
+
+    def get(self, sub: Subscription, name: str) -> W | None:
+        found = self._by_sub.get(sub)
+        if found is None or isinstance(found, dict):
+            return None if found is None else found.get(name)
+        return found if found.name == name else None
+
+    def of(self, sub: Subscription) -> list[W]:
+        found = self._by_sub.get(sub)
+        if found is None or isinstance(found, dict):
+            return [] if found is None else list(found.values())
+        return [found]
+
+    def add(self, sub: Subscription, watch: W) -> None:
+        """Add `watch` (of a name `sub` does not watch yet)."""
+        found = self._by_sub.get(sub)
+        if found is None:
+            self._by_sub[sub] = watch
+        elif isinstance(found, dict):
+            found[watch.name] = watch
+        else:
+            self._by_sub[sub] = {found.name: found, watch.name: watch}
+
+    def pop(self, sub: Subscription, name: str) -> W | None:
+        found = self._by_sub.get(sub)
+        if found is None:
+            return None
+        if not isinstance(found, dict):
+            if found.name != name:
+                return None
+            del self._by_sub[sub]
+            return found
+        watch = found.pop(name, None)
+        if len(found) == 1:
+            self._by_sub[sub] = next(iter(found.values()))
+        elif not found:
+            del self._by_sub[sub]
+        return watch
+
+
+def drop_watches(views: ViewRegistry, watches: SubWatches[W],
                  blocked: dict[ServiceKey, set[W]], sub: Subscription,
                  names: Iterable[str]) -> None:
     """End `sub`'s watches of `names`: leave the View each joined, or the set of
     watches waiting for their service to become watchable."""
-    mine = watches.get(sub)
-    if mine is None:
-        return
     for name in names:
-        watch = mine.pop(name, None)
+        watch = watches.pop(sub, name)
         if watch is None:
             continue
         if watch.view is not None:
@@ -100,8 +146,6 @@ def drop_watches(views: ViewRegistry, watches: dict[Subscription, dict[str, W]],
             waiting.discard(watch)
             if not waiting:
                 del blocked[watch.key.service]
-    if not mine:
-        del watches[sub]
 
 
 def retry_blocked(views: ViewRegistry, blocked: dict[ServiceKey, set[W]],
@@ -215,7 +259,7 @@ class EndpointCache:
         self.leds_threshold = leds_threshold
         self._version = Version(prefix)
         # The names each subscription watches, and the View each is watched through.
-        self._watches: dict[Subscription, dict[str, EndpointWatch]] = {}
+        self._watches: SubWatches[EndpointWatch] = SubWatches()
         # Watches whose service cannot be subscribed to now (ExternalName).
         self._blocked: dict[ServiceKey, set[EndpointWatch]] = {}
         # Each watched View's CLA, kept by the View (`ClaState`); the set lets a pod
@@ -246,14 +290,14 @@ class EndpointCache:
         return self.cla_of(view)
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
-        watch = self._watches.get(sub, {}).get(name)
+        watch = self._watches.get(sub, name)
         if watch is None:
             return self.get(name, sub.node_name, delta=sub.delta)
         return watch.resource()
 
     def views_of(self, sub: Subscription) -> list[View]:
         """The Views `sub`'s names are watched through."""
-        return [w.view for w in self._watches.get(sub, {}).values() if w.view is not None]
+        return [w.view for w in self._watches.of(sub) if w.view is not None]
 
     def uses_leds(self, sub: Subscription, view: View) -> bool:
         """Whether this subscription gets the View's CLA as LEDS collections (§7)."""
@@ -327,18 +371,17 @@ class EndpointCache:
     # ------------------------------------------------------------------ watching
 
     def watch(self, sub: Subscription, names: Iterable[str], watcher: Watcher) -> None:
-        watches = self._watches.setdefault(sub, {})
+        watches = self._watches
         for name in names:
             key = self._view_key(name, watcher.node_name)
-            if key is None or name in watches:
+            if key is None or watches.get(sub, name) is not None:
                 continue  # names no service port: never exists, nothing to watch
-            watch = watches[name] = EndpointWatch(self, sub, name, key, watcher)
+            watch = EndpointWatch(self, sub, name, key, watcher)
+            watches.add(sub, watch)
             try:
                 watch.joined(self.views.subscribe(key, watch, watcher.protocol))
             except InvalidService:
                 self._blocked.setdefault(key.service, set()).add(watch)
-        if not watches:
-            del self._watches[sub]
 
     def unwatch(self, sub: Subscription, names: Iterable[str], watcher: Watcher) -> None:
         drop_watches(self.views, self._watches, self._blocked, sub, names)

@@ -27,7 +27,13 @@ from typing import Protocol
 from bridge.model import FilterKey, ServiceKey, ViewKey
 from bridge.views import Derivation, InvalidService, View, ViewChange, ViewRegistry
 from xds_api import resource_types as rt
-from xds_api.caches.endpoints import ClaState, EndpointCache, drop_watches, retry_blocked
+from xds_api.caches.endpoints import (
+    ClaState,
+    EndpointCache,
+    SubWatches,
+    drop_watches,
+    retry_blocked,
+)
 from xds_api.caches.type_cache import Reply, Version, Watcher
 from xds_api.metrics import XdsMetrics
 from xds_api.names import (
@@ -181,7 +187,7 @@ class LedsCache:
         self.cluster_domain = cluster_domain
         self.metrics = metrics
         self._version = Version(prefix)
-        self._watches: dict[Subscription, dict[str, CollectionWatch]] = {}
+        self._watches: SubWatches[CollectionWatch] = SubWatches()
         self._blocked: dict[ServiceKey, set[CollectionWatch]] = {}
         # Each watched View's members, kept by the View (`MemberState`).
         self.members_of = Derivation("xds-leds-members", lambda view: MemberState(self, view))
@@ -208,18 +214,18 @@ class LedsCache:
 
     def members(self, sub: Subscription, collection: str) -> dict[str, EncodedResource] | None:
         """The collection's members as `sub` is due them; None if it does not exist."""
-        watch = self._watches.get(sub, {}).get(collection)
+        watch = self._watches.get(sub, collection)
         if watch is None or watch.state is None or watch.view is None or not watch.view.exists:
             return None
         return watch.state.members.get(collection, {})
 
     def views_of(self, sub: Subscription) -> list[View]:
         """The Views `sub`'s collections are watched through."""
-        return [w.view for w in self._watches.get(sub, {}).values() if w.view is not None]
+        return [w.view for w in self._watches.of(sub) if w.view is not None]
 
     def watch_of(self, sub: Subscription, collection: str) -> CollectionWatch | None:
         """`sub`'s watch of `collection`, if it watches it."""
-        return self._watches.get(sub, {}).get(collection)
+        return self._watches.get(sub, collection)
 
     def wildcard_names(self) -> Iterable[str]:
         return ()
@@ -247,10 +253,10 @@ class LedsCache:
 
     def delta_reply(self, sub: Subscription) -> Reply | None:
         """What a delta LEDS subscription is due (§7.3): see `members_reply`."""
-        watches = self._watches.get(sub, {})
+        watches = self._watches
 
         def state_of(collection: str) -> MemberState | None:
-            watch = watches.get(collection)
+            watch = watches.get(sub, collection)
             if watch is None or watch.view is None or not watch.view.exists:
                 return None
             return watch.state
@@ -260,9 +266,9 @@ class LedsCache:
     # ------------------------------------------------------------------ watching
 
     def watch(self, sub: Subscription, names: Iterable[str], watcher: Watcher) -> None:
-        watches = self._watches.setdefault(sub, {})
+        watches = self._watches
         for collection in names:
-            if collection in watches:
+            if watches.get(sub, collection) is not None:
                 continue
             key = self._parse(collection, watcher.node_name)
             # §7.3: a new collection is answered even while empty, which is what
@@ -271,13 +277,12 @@ class LedsCache:
             sub.leds_synced.pop(collection, None)
             if key is None:
                 continue
-            watch = watches[collection] = CollectionWatch(self, collection, key, watcher)
+            watch = CollectionWatch(self, collection, key, watcher)
+            watches.add(sub, watch)
             try:
                 watch.joined(self.views.subscribe(key, watch, watcher.protocol))
             except InvalidService:
                 self._blocked.setdefault(key.service, set()).add(watch)
-        if not watches:
-            del self._watches[sub]
 
     def unwatch(self, sub: Subscription, names: Iterable[str], watcher: Watcher) -> None:
         names = set(names)
