@@ -223,12 +223,12 @@ def measure_cpu(endpoints: int, changes: int, profile: str = "istio") -> dict[st
         if reply is None:
             return 0
         for r in reply.resources:
-            ledsub.sent[r.name] = r.version
+            ledsub.hold(r.name, r.version)
         for gone in reply.removed:
             if gone in ledsub.names:
-                ledsub.sent[gone] = ABSENT
+                ledsub.hold(gone, ABSENT)
             else:
-                ledsub.sent.pop(gone, None)
+                ledsub.forget(gone)
         delta_stream._encode(reply, ledsub.sent.version(), rt.LB_ENDPOINT, "1")
         return len(reply.resources) + len(reply.removed)
 

@@ -109,12 +109,13 @@ class StreamInfo:
         return out
 
     def state(self, type_name: str) -> TypeState:
-        if type_name == self._first_name and self._first is not None:
-            return self._first
-        if self._first is None:
+        first = self._first
+        if first is None:
             self._first_name = type_name
-            st = self._first = TypeState()
-            return st
+            first = self._first = TypeState()
+            return first
+        if type_name == self._first_name:
+            return first
         others = self._others
         if others is None:
             others = self._others = {}

@@ -41,6 +41,7 @@ from xds_api.subscription import (
     HeldVersions,
     NameChange,
     Subscription,
+    held_with,
 )
 
 log = structlog.get_logger("meshbridge.xds")
@@ -470,8 +471,7 @@ class XdsStream:
         if eds is None:
             return
         for name in changed:
-            if name in eds.sent:
-                del eds.sent[name]
+            eds.forget(name)
             eds.mark(name)
 
     def _answer_unknown(self, response: bytes) -> None:
@@ -599,7 +599,7 @@ class SotwStream(XdsStream):
         if not sub.names and not sub.wildcard:
             # §1.8: an empty, non-wildcard request unsubscribes; no response.
             sub.must_reply = False
-            sub.sent.clear()
+            sub.clear_sent()
         if change.wildcard_added:
             sub.mark(rt.WILDCARD)
         self._apply_watches(sub, change)
@@ -684,7 +684,8 @@ class SotwStream(XdsStream):
         else:
             sent = sub.sent
             for r in reply.resources:
-                sent[r.name] = r.version
+                sent = held_with(sent, r.name, r.version)
+            sub.sent = sent
 
 
 class DeltaStream(XdsStream):
@@ -843,10 +844,13 @@ class DeltaStream(XdsStream):
             version, resources, removed, type_url, nonce))
 
     def _record_sent(self, sub: Subscription, reply: Reply) -> None:
+        sent = sub.sent
         for r in reply.resources:
-            sub.sent[r.name] = r.version
+            sent = held_with(sent, r.name, r.version)
         for name in reply.removed:
             if name in sub.names:
-                sub.sent[name] = ABSENT  # told once; sent again when it appears
-            else:
-                sub.sent.pop(name, None)
+                sent = held_with(sent, name, ABSENT)  # told once; sent again when it appears
+        sub.sent = sent
+        for name in reply.removed:
+            if name not in sub.names:
+                sub.forget(name)

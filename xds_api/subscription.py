@@ -63,16 +63,27 @@ def held_version(versions: Iterable[str]) -> str:
 class HeldVersions(dict[str, str]):
     """name -> version of what a client holds of one type, with the sum of the
     versions kept in step, so that the version of the whole (§1.2) costs what a
-    response changed, not what the client holds (a LEDS client may hold thousands)."""
+    response changed, not what the client holds (a LEDS client may hold thousands).
 
-    __slots__ = ("total",)
+    A map can be `shared`: read-only, one object for every subscription that holds the
+    same few resources at the same versions (`held_with`), as thousands of streams
+    watching one service do; a subscription changes one only through a copy of its
+    own (`Subscription.own_sent`)."""
+
+    __slots__ = ("shared", "total")
 
     def __init__(self, items: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
         super().__init__()
         self.total = 0
+        self.shared = False
         self.update(items)
 
+    def _owned(self) -> None:
+        if self.shared:
+            raise TypeError("a shared HeldVersions is read-only (Subscription.own_sent)")
+
     def __setitem__(self, name: str, version: str) -> None:
+        self._owned()
         old = dict.get(self, name)
         if old is not None:
             self.total -= _term(old)
@@ -80,12 +91,14 @@ class HeldVersions(dict[str, str]):
         self.total += _term(version)
 
     def __delitem__(self, name: str) -> None:
+        self._owned()
         self.total -= _term(dict.__getitem__(self, name))
         dict.__delitem__(self, name)
 
     def pop(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
         if name not in self:
             return default
+        self._owned()
         version = dict.pop(self, name)
         self.total -= _term(version)
         return version
@@ -97,6 +110,7 @@ class HeldVersions(dict[str, str]):
             self[name] = version
 
     def clear(self) -> None:
+        self._owned()
         dict.clear(self)
         self.total = 0
 
@@ -110,6 +124,46 @@ class HeldVersions(dict[str, str]):
                 _VERSION_TEXTS.clear()
             text = _VERSION_TEXTS[total] = f"{total:0{VERSION_DIGITS}x}"
         return text
+
+
+def _shared_held() -> HeldVersions:
+    held = HeldVersions()
+    held.shared = True
+    return held
+
+
+# What a subscription holds before anything is sent, or once it holds nothing again.
+NOTHING_HELD = _shared_held()
+
+# Shared maps hold this many resources at most; a larger one is its subscription's own.
+_SHARED_HELD_SIZE = 16
+# (shared map, name, version) -> (that map, the shared map with name at version): the
+# streams of a fan-out, holding one map and sent one version, compute the next map
+# once (bounded: cleared when full; the entry keeps its first map alive, so the id
+# in its key stays that map's).
+_HELD_AFTER: dict[tuple[int, str, str], tuple[HeldVersions, HeldVersions]] = {}
+_MAX_HELD_AFTER = 1024
+
+
+def held_with(held: HeldVersions, name: str, version: str) -> HeldVersions:
+    """`held` with `name` at `version`: changed in place if it is its subscription's
+    own, else the shared map every subscription holding `held` gets for the same."""
+    if not held.shared:
+        held[name] = version
+        return held
+    key = (id(held), name, version)
+    known = _HELD_AFTER.get(key)
+    if known is not None and known[0] is held:
+        return known[1]
+    after = HeldVersions(held)
+    after[name] = version
+    if len(after) > _SHARED_HELD_SIZE:
+        return after  # its subscription's own from now on
+    after.shared = True
+    if len(_HELD_AFTER) >= _MAX_HELD_AFTER:
+        _HELD_AFTER.clear()
+    _HELD_AFTER[key] = (held, after)
+    return after
 
 
 _VERSION_TEXTS: dict[int, str] = {}
@@ -169,7 +223,9 @@ class Subscription:
     # go-control-plane's returnedResources: name -> version the client was last sent
     # (SotW), or holds (delta, seeded from initial_resource_versions on reconnect).
     # A name leaving the subscription leaves this map, so asking again resends it.
-    sent: HeldVersions = field(default_factory=HeldVersions)
+    # NOTHING_HELD or a map shared by the subscriptions that hold the same (while
+    # small, `held_with`); changed only through `hold`, `forget`, `own_sent`.
+    sent: HeldVersions = field(default_factory=lambda: NOTHING_HELD)
     # Names to look at on the next reply: newly requested, or changed in the cache.
     # CLEAN while there are none; changed only through `mark`, `mark_all` and `clean`.
     dirty: set[str] | frozenset[str] = CLEAN
@@ -215,6 +271,25 @@ class Subscription:
         if self.leds_synced is _NOT_SYNCED:
             self.leds_synced = {}
         self.leds_synced[collection] = state
+
+    def own_sent(self) -> HeldVersions:
+        """`sent`, as a map of this subscription's own (copied if shared), to change."""
+        sent = self.sent
+        if sent.shared:
+            sent = self.sent = HeldVersions(sent)
+        return sent
+
+    def hold(self, name: str, version: str) -> None:
+        """The client now holds `name` at `version`."""
+        self.sent = held_with(self.sent, name, version)
+
+    def forget(self, name: str) -> None:
+        """The client holds `name` no longer (as far as this server is concerned)."""
+        if name in self.sent:
+            del self.own_sent()[name]
+
+    def clear_sent(self) -> None:
+        self.sent = NOTHING_HELD
 
     def mark(self, name: str) -> None:
         """`name` is to be looked at on the next reply."""
@@ -265,7 +340,7 @@ class Subscription:
         else:
             for name in removed:
                 # §1.5: a name asked for again later must be sent again, even unchanged.
-                self.sent.pop(name, None)
+                self.forget(name)
         if self.wildcard and not was_wildcard:
             # §1.5: `*` newly asked for is answered like any new name: with the whole
             # set it covers, even unchanged, even empty.
@@ -277,19 +352,19 @@ class Subscription:
         for name in added:
             # §1.5: a newly requested name is sent, even if it went out before under
             # `*` and has not changed since.
-            self.sent.pop(name, None)
+            self.forget(name)
         self.mark_all(added)
         return NameChange(added, removed, self.wildcard and not was_wildcard,
                           was_wildcard and not self.wildcard)
 
     def _forget_unnamed(self) -> None:
         for name in [n for n in self.sent if n not in self.names]:
-            del self.sent[name]
+            self.forget(name)
 
     def forget_sent(self) -> None:
         """A request without a nonce starts the type over (§1.8(a)): the client holds
         nothing we know of, so everything subscribed is due again."""
-        self.sent.clear()
+        self.clear_sent()
         self.leds_synced.clear()
         self.mark_all(self.names)
         self.must_reply = True
@@ -315,7 +390,8 @@ class Subscription:
             # §2 reconnect: send only what differs from what the client holds, and
             # tell it about what it holds that no longer exists.
             self.leds_synced.clear()
-            self.sent.update(initial_versions or {})
+            if initial_versions:
+                self.own_sent().update(initial_versions)
             self.mark_all(initial_versions or {})
             if self.wildcard_capable and not subscribe and not unsubscribe:
                 # §2 legacy wildcard: a first request with both lists empty is `*`.
@@ -342,10 +418,10 @@ class Subscription:
             if self.wildcard:
                 # §2: with `*` still on, the client must be told whether the wildcard
                 # covers the name: it is sent again if so, else reported removed.
-                self.sent[name] = RESEND
+                self.own_sent()[name] = RESEND
                 self.mark(name)
             else:
-                self.sent.pop(name, None)
+                self.forget(name)
         for name in subscribe:
             if name == rt.WILDCARD and self.wildcard_capable:
                 continue
@@ -358,7 +434,7 @@ class Subscription:
             if not (first and name in (initial_versions or {})):
                 # §2: a name in resource_names_subscribe is sent even if the client
                 # seems to hold it at the current version: it may have forgotten it.
-                self.sent.pop(name, None)
+                self.forget(name)
         if self.wildcard and not was_wildcard:
             # §1.8 / §2: the first wildcard response concludes Envoy's initialisation.
             self.must_reply = True

@@ -289,7 +289,7 @@ class LedsCache:
         # The client drops the members with their collection: forget what it held, so
         # that subscribing again sends them all.
         for name in [n for n in sub.sent if collection_of(n) in names]:
-            del sub.sent[name]
+            sub.forget(name)
         for collection in names:
             sub.leds_synced.pop(collection, None)
         drop_watches(self.views, self._watches, self._blocked, sub, names)
@@ -348,7 +348,7 @@ def members_reply(sub: Subscription, state_of: Callable[[str], MemberView | None
                 removed.append(collection)
             continue
         if sub.sent.get(collection) == ABSENT:
-            del sub.sent[collection]  # it exists again: members are what it holds
+            sub.forget(collection)  # it exists again: members are what it holds
         members = state.members.get(collection, {})
         synced = sub.leds_synced.get(collection)
         changed = (state.changed_since(synced[1], collection)
