@@ -64,13 +64,23 @@ class _Method:
 
 class _CountingContext:
     """A ServicerContext whose reads and writes are counted; everything else passes.
-    One per open stream, so it holds two references and nothing else."""
+    One per open stream; a detached call's done callback too (`__call__`: RpcGuard's
+    leave, with the address and start it keeps), so that an idle stream holds one
+    object of the interceptor's for both, not two."""
 
-    __slots__ = ("_inner", "_method")
+    __slots__ = ("_addr", "_guard", "_inner", "_method", "_start")
 
-    def __init__(self, inner: grpc.aio.ServicerContext, method: _Method) -> None:
+    def __init__(self, inner: grpc.aio.ServicerContext, method: _Method, guard: RpcGuard,
+                 addr: str, start: float) -> None:
         self._inner = inner
         self._method = method
+        self._guard = guard
+        self._addr = addr
+        self._start = start
+
+    def __call__(self, context: grpc.aio.ServicerContext) -> None:
+        """The detached call has ended (h2grpc's add_done_callback): leave it."""
+        self._guard._leave(self._addr, self._method, self._start, context, None)
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._inner, name)  # AttributeError if the server has none
@@ -134,7 +144,8 @@ async def _count_requests(requests: AsyncIterator[Any], method: _Method) -> Asyn
 
 
 class _Leave:
-    """RpcGuard._leave for a detached call, once it ends."""
+    """RpcGuard._leave for a detached call, once it ends (without metrics; with them
+    the call's _CountingContext does it)."""
 
     __slots__ = ("_addr", "_counted", "_guard", "_start")
 
@@ -222,8 +233,8 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     request = _count_requests(request, counted)
                 error: BaseException | None = None
                 try:
-                    async for item in inner(request, _CountingContext(context, counted)
-                                            if counted else context):
+                    async for item in inner(request, _CountingContext(
+                            context, counted, self, addr, start) if counted else context):
                         yield item
                         if counted is not None:
                             counted.msg_sent.inc()
@@ -241,9 +252,10 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             if counted is not None and client_streaming and request is not None:
                 request = _count_requests(request, counted)
             error: BaseException | None = None
+            counting = (_CountingContext(context, counted, self, addr, start)
+                        if counted else None)
             try:
-                return await inner(request, _CountingContext(context, counted)
-                                   if counted else context)
+                return await inner(request, counting or context)
             except BaseException as e:
                 error = e
                 raise
@@ -251,7 +263,7 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 if error is None and getattr(context, "detached_open", False):
                     # The call goes on in callbacks (h2grpc's detach): it is left
                     # when it ends.
-                    context.add_done_callback(_Leave(self, addr, counted, start))
+                    context.add_done_callback(counting or _Leave(self, addr, counted, start))
                 else:
                     self._leave(addr, counted, start, context, error)
                 error = None  # its traceback holds this frame: no cycle left behind
