@@ -84,20 +84,12 @@ class _CountingContext:
 
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._inner, name)  # AttributeError if the server has none
-        # The native server's calls without a task switch, counted as write and read.
-        if name == "write_nowait":
-            return self._write_nowait
+        # The native server's calls without a task switch, counted as read.
         if name == "read_into":
             return self._read_into
         if name == "detach":
             return self._detach
         return found
-
-    def _write_nowait(self, message: bytes) -> bool:
-        written: bool = self._inner.write_nowait(message)
-        if written:
-            self._method.msg_sent.inc()
-        return written
 
     def _read_into(self, on_message: Callable[[Any], bool]) -> Awaitable[None]:
         # The server's own coroutine, not one of ours around it: one frame less
@@ -117,6 +109,26 @@ class _CountingContext:
         if message is not grpc.aio.EOF:
             self._method.msg_received.inc()
         return message
+
+
+class _NowaitCountingContext(_CountingContext):
+    """The same, for a server that takes a message without a task switch
+    (`write_nowait`, counted as a write): a method of its own, so that a caller holds
+    nothing per stream for it and looks it up per write at no cost."""
+
+    __slots__ = ()
+
+    def write_nowait(self, message: bytes) -> bool:
+        written: bool = self._inner.write_nowait(message)
+        if written:
+            self._method.msg_sent.inc()
+        return written
+
+
+def _counting(inner: grpc.aio.ServicerContext, method: _Method, guard: RpcGuard,
+              addr: str, start: float) -> _CountingContext:
+    cls = _NowaitCountingContext if hasattr(inner, "write_nowait") else _CountingContext
+    return cls(inner, method, guard, addr, start)
 
 
 class _CountedReader:
@@ -233,7 +245,7 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     request = _count_requests(request, counted)
                 error: BaseException | None = None
                 try:
-                    async for item in inner(request, _CountingContext(
+                    async for item in inner(request, _counting(
                             context, counted, self, addr, start) if counted else context):
                         yield item
                         if counted is not None:
@@ -252,8 +264,7 @@ class RpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             if counted is not None and client_streaming and request is not None:
                 request = _count_requests(request, counted)
             error: BaseException | None = None
-            counting = (_CountingContext(context, counted, self, addr, start)
-                        if counted else None)
+            counting = _counting(context, counted, self, addr, start) if counted else None
             try:
                 return await inner(request, counting or context)
             except BaseException as e:

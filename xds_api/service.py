@@ -37,11 +37,9 @@ from meshbridge.host import (
     Host,
     Layer,
     Limits,
-    NowaitWriter,
     StreamInfo,
     StreamRegistry,
     WorkerHost,
-    nowait_writer,
     sender,
 )
 from xds_api import resource_types as rt
@@ -510,9 +508,10 @@ class StreamRunner:
                               else discovery_pb2.DeltaDiscoveryRequest)
         self._acks = service.acks[stream_cls.api]
         self._context = context
-        # A write that takes the message now if the server can (never on grpc.aio);
-        # when it cannot, a writer task awaits `context.write`.
-        self._nowait: NowaitWriter = nowait_writer(context)
+        # Whether the server takes a message now when it can (`write_nowait`; never
+        # grpc.aio); when it cannot, a writer task awaits `context.write`. A flag, and
+        # the method looked up per write: no bound method held per stream.
+        self._nowait = hasattr(context, "write_nowait")
         self._soon = False  # queued for the service's write_now callback
         self._writer: asyncio.Task[None] | None = None
         self._scheduled = False
@@ -547,7 +546,7 @@ class StreamRunner:
         try:
             responses = self.stream.take_responses()
             while responses:
-                if not self._nowait(responses[0]):
+                if not (self._nowait and self._context.write_nowait(responses[0])):
                     self._writer = asyncio.get_running_loop().create_task(
                         self._flush(responses))
                     return wrote
