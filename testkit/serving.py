@@ -65,6 +65,12 @@ def loopback_app(source: Source, config: MeshConfig | None = None,
     return App(source, config, serve, protocol_layers() if layers is None else list(layers))
 
 
+def worker_pids(app: App) -> list[int]:
+    """The live worker processes serving `app`'s gRPC port (none with one process)."""
+    pool = app.watcher.pool if app.watcher is not None else None
+    return pool.pids() if pool is not None else []
+
+
 class Apps:
     """The Apps a test starts (`start`), all stopped by `stop_all` at its end."""
 
