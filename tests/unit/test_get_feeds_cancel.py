@@ -44,7 +44,7 @@ def mirrored() -> tuple[MirroredGet, RecordingLink]:
     link = RecordingLink()
     registry = prometheus_client.CollectorRegistry()
     host = SimpleNamespace(link=link, metrics=registry, streams=StreamRegistry(registry))
-    return MirroredGet(host, capacity=10), link  # type: ignore[arg-type]
+    return MirroredGet(host, capacity=10), link
 
 
 async def cancelled_before_resuming(answer: str, *args: Any) -> RecordingLink:
@@ -52,7 +52,7 @@ async def cancelled_before_resuming(answer: str, *args: Any) -> RecordingLink:
     cancel but before the handler resumes (in one turn of the loop, as when both
     arrive together)."""
     get, link = mirrored()
-    handler = asyncio.ensure_future(get.get(b"", Context()))  # type: ignore[arg-type]
+    handler = asyncio.ensure_future(get.get(b"", Context()))
     await asyncio.sleep(0)  # the handler sent get.open and waits for the answer
     assert [m[0] for m in link.sent] == ["get.open"]
     call_id = link.sent[0][1]
