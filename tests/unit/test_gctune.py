@@ -54,3 +54,14 @@ def test_frozen_objects_are_still_freed_when_dropped(collector: None) -> None:
     gctune.settle_heap()
     del held  # reference counting, not the collector, frees it
     assert ref() is None
+
+
+def test_the_collector_runs_rarely_until_synced_then_as_settled(collector: None) -> None:
+    gc.set_threshold(700, 10, 10)
+    gctune.before_sync()  # the watches opened: the initial state is coming
+    assert gc.get_threshold() == gctune.SYNC_THRESHOLDS
+    assert gctune.SYNC_THRESHOLDS[0] > gctune.THRESHOLDS[0]
+    gctune.settle_heap()  # synced
+    assert gc.get_threshold() == gctune.THRESHOLDS
+    gctune.release_heap()
+    assert gc.get_threshold() == (700, 10, 10)
