@@ -15,10 +15,12 @@ from meshbridge import gctune
 @pytest.fixture
 def collector() -> Iterator[None]:
     """Put the collector back as it was: its settings are the whole process's."""
-    thresholds = gc.get_threshold()
+    thresholds, before = gc.get_threshold(), list(gctune._before)
+    gctune._before.clear()
     yield
     gc.unfreeze()
     gc.set_threshold(*thresholds)
+    gctune._before[:] = before
 
 
 def test_settle_heap_freezes_what_is_alive_and_raises_the_thresholds(
