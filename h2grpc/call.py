@@ -332,10 +332,11 @@ class ServerCall:
         return True
 
     def send_now(self) -> None:
-        """Write what this call's connection has queued now rather than at the end of
-        the loop turn: a layer that has written one change to many streams calls it
-        so that those clients start reading while the turn's other work goes on."""
-        self.conn.send_queued()
+        """Write what every connection of this call's server has queued now rather
+        than at the end of the loop turn: a layer that has written one change to many
+        streams calls it once (on any of them) so that those clients start reading
+        while the turn's other work goes on."""
+        self.conn.server.send_queued()
 
     def _send(self, data: bytes) -> None:
         if self.ended:
@@ -374,7 +375,14 @@ class ServerCall:
             if len(payload) >= 5:
                 flag, n = GRPC_PREFIX.unpack_from(payload)
                 if n + 5 == len(payload) and n <= max_message:  # the usual case
-                    self._deliver(flag, payload[5:])
+                    on_message = self._on_message
+                    if on_message is not None and not flag and not self._one_request:
+                        # A request stream read in callbacks (xDS ACKs): what _deliver
+                        # would decide, decided.
+                        self._requests_seen += 1
+                        self._deliver_to(on_message, payload[5:])
+                    else:
+                        self._deliver(flag, payload[5:])
                     return
             rbuf = self._rbuf = bytearray(payload)
         else:

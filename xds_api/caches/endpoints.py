@@ -162,7 +162,9 @@ class EndpointWatch:
             return None if sub.delta else self.cache.empty_cla(self.name)
         if sub.delta and not view.exists:
             return None  # §2.1: deleted (or not created yet) is not "no endpoints"
-        return state.leds_cla() if self.cache.uses_leds(sub, view) else state.cla()
+        # SotW never gets LEDS (§7): not asked, per stream.
+        return state.leds_cla() if sub.delta and self.cache.uses_leds(sub, view) \
+            else state.cla()
 
 
 class ClaState:

@@ -158,8 +158,10 @@ def sotw_reply(cache: ReplySource, sub: Subscription) -> Reply | None:
     # §1.6: EDS/RDS responses carry only what changed or was newly asked for.
     due = []
     dirty = sub.dirty
+    names: Iterable[str]
     if len(dirty) == 1:  # one change to one name: the fan-out's usual case
-        names = [name for name in dirty if name in sub.names]
+        (name,) = dirty
+        names = (name,) if name in sub.names else ()
     else:
         names = sorted(dirty & sub.names)
     for name in names:
