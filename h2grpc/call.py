@@ -326,7 +326,8 @@ class ServerCall:
     def write_nowait(self, message: bytes) -> bool:
         """Queue a serialized message now, without a task switch, if the stream can take
         it without waiting; False (nothing queued) when the caller must `await write`."""
-        if self._held_back() and not self.ended:
+        # _held_back, spelled out: once per stream per change.
+        if (self.stream.pending_bytes > WRITE_BUFFER or self.conn.paused) and not self.ended:
             return False
         self._send(message)
         return True

@@ -270,7 +270,7 @@ class Connection(asyncio.Protocol):
         self._queued += len(data)
         if self._queued > EAGER_FLUSH:
             self._flush()
-        else:
+        elif not self._flush_scheduled:  # (once per turn: no call for the rest)
             self._schedule()
 
     def finish(self, call: ServerCall, code: grpc.StatusCode, details: str) -> None:

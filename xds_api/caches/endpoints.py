@@ -30,7 +30,8 @@ encoded CLA (no lookup of the View, no check of whether it is current).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Protocol, TypeVar
 
 from bridge.authority import view_authority
@@ -201,6 +202,10 @@ class ClaState:
         return self._leds_cla
 
 
+# A subscription that watches nothing here (no dict made per look-up).
+_NO_WATCHES: Mapping[str, EndpointWatch] = MappingProxyType({})
+
+
 class EndpointCache:
     type_url = rt.ENDPOINT
     full_state = False
@@ -248,7 +253,7 @@ class EndpointCache:
         return self.cla_of(view)
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
-        watch = self._watches.get(sub, {}).get(name)
+        watch = self._watches.get(sub, _NO_WATCHES).get(name)
         if watch is None:
             return self.get(name, sub.node_name, delta=sub.delta)
         return watch.resource()
