@@ -333,11 +333,10 @@ class ServerCall:
         return True
 
     def send_now(self) -> None:
-        """Write what every connection of this call's server has queued now rather
-        than at the end of the loop turn: a layer that has written one change to many
-        streams calls it once (on any of them) so that those clients start reading
-        while the turn's other work goes on."""
-        self.conn.server.send_queued()
+        """Write what this call's connection has queued now rather than at the end of
+        the loop turn: a layer that has written one change to many streams calls it
+        so that those clients start reading while the turn's other work goes on."""
+        self.conn.send_queued()
 
     def _send(self, data: bytes) -> None:
         if self.ended:

@@ -370,7 +370,6 @@ class Connection(asyncio.Protocol):
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
-            self.server.flush_scheduled(self)
 
     def send_queued(self) -> None:
         """Write what is queued now (nothing if nothing is): the end of the loop turn

@@ -122,9 +122,6 @@ class Server:
         self._no_connections = asyncio.Event()
         self._no_connections.set()
         self.heap: HeapTrimmer | None = None  # from start(): it needs the loop
-        # Connections that queued output in this loop turn (each flushes at its end):
-        # `send_queued` writes them all now, for a layer that fanned a change out.
-        self._unflushed: list[Connection] = []
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
         self.handlers = (*self.handlers, *handlers)
@@ -194,21 +191,6 @@ class Server:
             self._idle.set()
         if self.heap is not None:
             self.heap.streams_ended()
-
-    def flush_scheduled(self, conn: Connection) -> None:
-        """`conn` queued output that goes at the end of this loop turn."""
-        unflushed = self._unflushed
-        if not unflushed:
-            # Forgotten with the turn: each connection flushes itself then anyway.
-            asyncio.get_running_loop().call_soon(unflushed.clear)
-        unflushed.append(conn)
-
-    def send_queued(self) -> None:
-        """Write what every connection has queued now rather than at the end of the
-        loop turn (the same one write per connection, only earlier)."""
-        unflushed, self._unflushed = self._unflushed, []
-        for conn in unflushed:
-            conn.send_queued()
 
     def connection_made(self, conn: Connection) -> bool:
         """Count the connection; False when its address already has as many as it may."""

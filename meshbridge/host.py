@@ -109,7 +109,7 @@ def _never(message: bytes) -> bool:
     return False
 
 
-# () -> None: write what the call's server has queued now (see `sender`).
+# () -> None: write what the call's connection has queued now (see `sender`).
 Sender = Callable[[], None]
 
 
@@ -123,10 +123,9 @@ def sender(context: object) -> Sender:
     The native server writes what one loop turn queued on a connection in one socket
     write at the end of the turn (h2grpc.connection). A layer that has just written one
     change to many streams, inside a turn with more to do (another layer's fan-out
-    of the same change), calls this once, for any stream it wrote: every connection
-    of that server with something queued writes it now (their clients start reading
-    at once, in the same one write per connection) instead of after the rest of the
-    turn. grpc.aio sends as it goes: nothing to do."""
+    of the same change), calls this for the streams it wrote: their clients start
+    reading at once, in the same one write per connection, instead of after the rest
+    of the turn. grpc.aio sends as it goes: nothing to do."""
     send: Sender | None = getattr(context, "send_now", None)
     return send if send is not None else _nothing
 

@@ -317,11 +317,10 @@ class XdsStreams:
         finally:
             self.shared.end_batch()
         # Out now rather than after the rest of this loop turn: one write per
-        # connection either way, and one call for all of them (meshbridge.host.sender).
-        # Not in parts as it goes: clients woken mid fan-out take CPU from it
-        # (measured, docs/performance.md).
-        if written:
-            written[-1].send_now()
+        # connection either way (meshbridge.host.sender). Not in parts as it goes:
+        # clients woken mid fan-out take CPU from it (measured, docs/performance.md).
+        for runner in written:
+            runner.send_now()
 
     def _ensure_sweeper(self) -> None:
         if self._sweeper is None or self._sweeper.done():
@@ -560,7 +559,7 @@ class StreamRunner:
         return wrote
 
     def send_now(self) -> None:
-        """Send what the call's server has queued (meshbridge.host.sender); looked
+        """Send what the call's connection has queued (meshbridge.host.sender); looked
         up when called, not kept: one bound method less per idle stream."""
         sender(self._context)()
 

@@ -283,10 +283,9 @@ class PolicyService:
             except Exception:  # a bug here must not stop the source applying changes
                 log.exception("policy recomputation failed; the stream keeps its last policy")
         # Out now, not after the rest of this loop turn (the xDS streams' writes of the
-        # same change, say): one write per connection either way, and one call sends
-        # every connection's (meshbridge.host.sender).
-        if written:
-            written[-1].send_now()
+        # same change, say): one write per connection either way.
+        for stream in written:
+            stream.send_now()
 
     # ------------------------------------------------------------------ outbound
 
