@@ -206,7 +206,9 @@ class EndpointWatch:
             return None if sub.delta else self.cache.empty_cla(self.name)
         if sub.delta and not view.exists:
             return None  # §2.1: deleted (or not created yet) is not "no endpoints"
-        return state.leds_cla() if self.cache.uses_leds(sub, view) else state.cla()
+        # SotW never gets LEDS (§7): not asked, per stream.
+        return state.leds_cla() if sub.delta and self.cache.uses_leds(sub, view) \
+            else state.cla()
 
 
 class ClaState:
@@ -241,6 +243,7 @@ class ClaState:
                                         lambda locality: leds_collection(name, locality))
             self._leds_cla = self._cache.counted(encode_resource(rt.ENDPOINT, name, body))
         return self._leds_cla
+
 
 
 class EndpointCache:
