@@ -341,6 +341,13 @@ async def server_cpu(app: Any) -> list[float]:
     return cpu
 
 
+def channel_sent(app: Any) -> int:
+    """Bytes the watcher has sent its workers so far (0 without workers)."""
+    if app.watcher is None or app.watcher.pool is None:
+        return 0
+    return sum(link.sent_bytes for link in app.watcher.pool.links())
+
+
 def server_rss_kib(app: Any) -> int:
     """Resident memory of this process and, with workers, of every worker."""
     total = rss_kib()
@@ -396,6 +403,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         svc = sim.services[0]
         latencies, firsts, cpu_ms, client_cpu_ms = [], [], [], []
         process_cpu_ms: list[list[float]] = []  # per run: the watcher's, each worker's
+        channel_bytes: list[int] = []  # per run: what the watcher sent the workers
         client_cpu: float | None = None
         profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
@@ -403,10 +411,12 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             # Alternate up and down so the View keeps its size.
             events = sim._step_scale(svc, up=run % 2 == 1)
             cpu0 = await server_cpu(app)
+            sent0 = channel_sent(app)
             t0 = time.monotonic()
             app.cluster.apply(events)
             got = await child.line()
             cpu1 = await server_cpu(app)
+            channel_bytes.append(channel_sent(app) - sent0)
             process_cpu_ms.append([(b - a) * 1000 for a, b in zip(cpu0, cpu1, strict=True)])
             cpu_ms.append(sum(process_cpu_ms[-1]))
             assert got["run"] == run, got
@@ -432,6 +442,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "all_received_ms": latencies, "first_received_ms": firsts,
         "server_cpu_ms": cpu_ms,
         "process_cpu_ms": process_cpu_ms,
+        "channel_bytes": channel_bytes,
         # The load client's CPU per change (runs 2 on; it shares the cores).
         "client_cpu_ms": client_cpu_ms,
         "memory_per_idle_stream_kib": (rss2 - rss1) / (n2 - n1),
@@ -476,7 +487,8 @@ def report(result: dict[str, Any]) -> str:
         + ("\n  by process (watcher, worker 1, ...): "
            + " / ".join(f"{statistics.median(p):.1f}"
                         for p in zip(*result["process_cpu_ms"], strict=True))
-           + " ms" if result.get("workers", 1) > 1 else ""),
+           + f" ms; channel {statistics.median(result['channel_bytes']):,.0f} bytes per change"
+           if result.get("workers", 1) > 1 else ""),
         f"  memory per idle stream: {result['memory_per_idle_stream_kib']:.1f} KiB "
         f"(server RSS {result['server_rss_mib']['start']:.0f} -> "
         f"{result['server_rss_mib']['all']:.0f} MiB)"
