@@ -400,6 +400,11 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             await child.send(next=True)
         tracemalloc.stop()
         (n1, rss1, heap1), (n2, rss2, heap2) = readings
+        # How the kernel spread the connections (SO_REUSEPORT hashes them): the worker
+        # with the most streams bounds the fan-out.
+        pool = app.watcher.pool if app.watcher is not None else None
+        split = [s.get(STREAM_PROTOCOL[args.protocol], (0, 0))[0]
+                 for s in await pool.ask("streams.synced")] if pool is not None else []
         svc = sim.services[0]
         latencies, firsts, cpu_ms, client_cpu_ms = [], [], [], []
         process_cpu_ms: list[list[float]] = []  # per run: the watcher's, each worker's
@@ -443,6 +448,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "server_cpu_ms": cpu_ms,
         "process_cpu_ms": process_cpu_ms,
         "channel_bytes": channel_bytes,
+        "streams_per_worker": split,
         # The load client's CPU per change (runs 2 on; it shares the cores).
         "client_cpu_ms": client_cpu_ms,
         "memory_per_idle_stream_kib": (rss2 - rss1) / (n2 - n1),
@@ -488,6 +494,7 @@ def report(result: dict[str, Any]) -> str:
            + " / ".join(f"{statistics.median(p):.1f}"
                         for p in zip(*result["process_cpu_ms"], strict=True))
            + f" ms; channel {statistics.median(result['channel_bytes']):,.0f} bytes per change"
+           + f"; streams per worker {result['streams_per_worker']}"
            if result.get("workers", 1) > 1 else ""),
         f"  memory per idle stream: {result['memory_per_idle_stream_kib']:.1f} KiB "
         f"(server RSS {result['server_rss_mib']['start']:.0f} -> "
