@@ -1,7 +1,7 @@
 """Big clusters: start-up, memory and first answers on a real API server full of pods.
 
     python -m bench.big_cluster [--pods 10000,50000] [--runs 3] [--per-service 20]
-                                [--nodes 100] [--json]
+                                [--nodes 100] [--before REV] [--json]
 
 A real kube-apiserver (with its watch cache, as in a real cluster) and etcd
 (scripts/envtest.sh) are filled with a meshed cluster (bench/meshed_cluster.py:
@@ -24,6 +24,11 @@ is measured from outside, as an operator would see it:
                   protobuf) to a reader that only splits the frames up to the bookmark
                   that ends it, and the API server's CPU meanwhile; measured before each
                   run, so "start-up minus the API server" is what meshbridge adds
+
+With `--before REV` (e.g. `--before main`), every run also starts the code of that git
+revision (exported and byte-compiled, run by the same Python ahead of the installed
+code on PYTHONPATH), alternated with this code's start-up on the same API server,
+and its start-up, CPU and RSS are rows of their own: a change measured side by side.
 
 Every row is the median of the runs. Linkerd 2.20's destination controller, measured
 with the same kind of probe on the same kind of cluster at 10,000 pods (issue 27):
@@ -168,16 +173,21 @@ def _stream_pods_once(api: Any) -> dict[str, float] | None:
 
 
 async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
-                  run: int) -> dict[str, Any]:
+                  run: int, tree: Path | None = None) -> dict[str, Any]:
+    """One start-up, of the installed meshbridge or (`tree`) of another tree's code
+    run with the same Python, which it shadows on PYTHONPATH."""
     grpc_port, admin = free_port(), free_port()
-    log = workdir / f"serve-{shape.pods}-{run}.log"
+    log = workdir / f"serve-{shape.pods}-{run}{'-before' if tree else ''}.log"
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     with log.open("wb") as out:
         started = time.monotonic()
         proc = subprocess.Popen(
             [str(python), "-m", "meshbridge.cli", "serve", "--source", "kube",
              "--kubeconfig", str(kubeconfig), "--listen", f"127.0.0.1:{grpc_port}",
              "--admin", f"127.0.0.1:{admin}", "--log-format", "json"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+            stdout=out, stderr=subprocess.STDOUT, cwd=workdir, env=env)
     child: Child | None = None
     try:
         deadline = started + 600
@@ -213,8 +223,20 @@ async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
             proc.wait()
 
 
+def before_tree(python: Path, rev: str) -> Path:
+    """The code of git revision `rev` of this repository, byte-compiled by `python`
+    (as the installed code is), for side-by-side runs on the same API server."""
+    tree = Path(tempfile.mkdtemp(prefix="meshbridge-before-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    subprocess.run([str(python), "-m", "compileall", "-q", str(tree)], check=True,
+                   capture_output=True)
+    return tree
+
+
 async def measure(python: Path, pods: int, per_service: int, nodes: int,
-                  runs: int) -> dict[str, Any]:
+                  runs: int, before: Path | None = None) -> dict[str, Any]:
     from bench.meshed_cluster import Etcd, Rest, Shape, fill
     from testkit.kubeapi import KubeAPIServer
 
@@ -229,23 +251,29 @@ async def measure(python: Path, pods: int, per_service: int, nodes: int,
             lambda m: print(f"  filled {m}", file=sys.stderr))
         filled = time.monotonic() - t0
         print(f"  {pods:,} pods filled in {filled:.0f} s", file=sys.stderr)
-        results = []
+        results: list[dict[str, Any]] = []
+        before_results: list[dict[str, Any]] = []
         for i in range(runs):
             floor = await asyncio.to_thread(stream_pods, api)
             print(f"  run {i + 1}: the API server alone streams the pods in "
                   f"{floor['seconds']:.2f} s ({floor['events']:,} events, "
                   f"{floor['mib']:.0f} MiB, {floor['cpu_s']:.2f} s of its CPU)",
                   file=sys.stderr)
-            r = await one_run(python, api.kubeconfig_path, shape, workdir, i)
-            r["apiserver"] = floor
-            print(f"  run {i + 1}: ready in {r['startup_s']:.2f} s ({r['cpu_ready_s']:.2f} s "
-                  f"of CPU, load {r['load']:.1f}), RSS "
-                  f"{r['rss_ready_mib']:.0f} MiB (peak {r['peak_ready_mib']:.0f}), "
-                  f"{r['streams']} Get streams answered in {r['first_answers_s']:.2f} s, "
-                  f"RSS {r['rss_streams_mib']:.0f} MiB", file=sys.stderr)
-            results.append(r)
+            # With --before, that code's start-up first, then this code's: alternated,
+            # on the same API server, so that the two see the same machine.
+            for tree in ([before] if before else []) + [None]:
+                r = await one_run(python, api.kubeconfig_path, shape, workdir, i, tree)
+                r["apiserver"] = floor
+                print(f"  run {i + 1}{' (before)' if tree else ''}: ready in "
+                      f"{r['startup_s']:.2f} s ({r['cpu_ready_s']:.2f} s "
+                      f"of CPU, load {r['load']:.1f}), RSS "
+                      f"{r['rss_ready_mib']:.0f} MiB (peak {r['peak_ready_mib']:.0f}), "
+                      f"{r['streams']} Get streams answered in "
+                      f"{r['first_answers_s']:.2f} s, RSS {r['rss_streams_mib']:.0f} MiB",
+                      file=sys.stderr)
+                (before_results if tree else results).append(r)
     return {"pods": pods, "services": shape.services, "nodes": nodes, "objects": counts,
-            "fill_seconds": filled, "runs": results}
+            "fill_seconds": filled, "runs": results, "before_runs": before_results}
 
 
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -269,6 +297,15 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                        [r["rss_streams_mib"] for r in runs], "MiB"))
         out.append(row(name, "first answers on those streams",
                        [r["first_answers_s"] for r in runs], "s"))
+        if size.get("before_runs"):
+            before = size["before_runs"]
+            name += f", the code of {result['before']} (alternated runs)"
+            out.append(row(name, "start-up to /ready", [r["startup_s"] for r in before],
+                           "s"))
+            out.append(row(name, "CPU until /ready", [r["cpu_ready_s"] for r in before],
+                           "s"))
+            out.append(row(name, "RSS once ready", [r["rss_ready_mib"] for r in before],
+                           "MiB"))
     out.extend(per_pod_rows(result["sizes"]))
     return out
 
@@ -331,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="start-ups per size")
     p.add_argument("--python", help="the Python to run meshbridge with (default: a venv "
                    "of the runtime dependencies only, made once)")
+    p.add_argument("--before", metavar="REV", help="also start the code of git revision "
+                   "REV (e.g. main) in every run, alternated with this code's start-up on "
+                   "the same API server: a change measured side by side")
     p.add_argument("--json", action="store_true")
     p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--server", help=argparse.SUPPRESS)
@@ -341,9 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         shape = Shape(pods=int(args.pods), pods_per_service=args.per_service)
         return asyncio.run(run_client(args.server, targets(shape)))
     python = Path(args.python) if args.python else runtime_python()
-    sizes = [asyncio.run(measure(python, int(n), args.per_service, args.nodes, args.runs))
+    before = before_tree(python, args.before) if args.before else None
+    sizes = [asyncio.run(measure(python, int(n), args.per_service, args.nodes, args.runs,
+                                 before))
              for n in args.pods.split(",")]
-    result = {"sizes": sizes, "linkerd_at_10000": LINKERD}
+    result = {"sizes": sizes, "linkerd_at_10000": LINKERD, "before": args.before}
     if args.json:
         print_json("big_cluster", rows(result), result)
         return 0

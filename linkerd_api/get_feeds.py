@@ -208,7 +208,10 @@ class MirroredGet:
     def _opened(self, call_id: int, feed_id: int, label: str,
                 snapshot: tuple[Outgoing, ...]) -> None:
         pending = self._pending.pop(call_id, None)
-        if pending is None:  # the client went away meanwhile
+        if pending is None or pending[1].done():
+            # The client went away meanwhile: its handler is gone, or cancelled and not
+            # yet resumed (the answer is cancelled with it, and the handler will not
+            # leave a feed it never saw), so the watcher's count is given back here.
             self.link.send("get.close", feed_id)
             return
         stream, answer = pending
@@ -221,7 +224,7 @@ class MirroredGet:
 
     def _refused(self, call_id: int, code: int, details: str) -> None:
         pending = self._pending.pop(call_id, None)
-        if pending is not None:
+        if pending is not None and not pending[1].done():  # done: cancelled, see _opened
             pending[1].set_result((_CODES.get(code, grpc.StatusCode.UNKNOWN), details))
 
     def _diff(self, feed_id: int, published_at: float, messages: tuple[Outgoing, ...]) -> None:

@@ -27,10 +27,10 @@ from bridge.model import MeshConfig
 from bridge.multicluster.links import Link
 from bridge.sources.kube import KubeSource
 from linkerd_api.service import LinkerdOptions
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
+from meshbridge.app import App
 from testkit.kubeapi import KubeAPIServer, put_endpoint_slice
 from testkit.polling import eventually
+from testkit.serving import loopback_app
 from xds_api.service import XdsOptions
 
 EAST_TRUST_DOMAIN = "east.local"
@@ -206,10 +206,9 @@ async def serving(local: KubeAPIServer, controller_ns: str, *, semantics: str = 
     layer_options: list[object] = [LinkerdOptions(semantics)]  # type: ignore[arg-type]
     if xds is not None:
         layer_options.append(xds)
-    app = App(source, MeshConfig(controller_namespace=controller_ns),
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", links=tuple(links),
-                           link_sync_timeout=sync_timeout,
-                           layer_options=tuple(layer_options)), layers=protocol_layers())
+    app = loopback_app(source, MeshConfig(controller_namespace=controller_ns),
+                       links=tuple(links), link_sync_timeout=sync_timeout,
+                       layer_options=tuple(layer_options))
     await app.start()
     try:
         yield app

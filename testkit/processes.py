@@ -43,6 +43,26 @@ def pid_rss_kib(pid: int | str) -> int:
     return 0
 
 
+def children(pid: int) -> list[int]:
+    """A process's children (Linux /proc); empty if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def tree_rss_kib(pid: int) -> int:
+    """The resident memory of a process and all its descendants (a `serve --workers N`
+    watcher, its fork server and its workers), in KiB; 0 if it is gone."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += pid_rss_kib(p)
+        todo += children(p)
+    return total
+
+
 @contextlib.contextmanager
 def running(argv: Sequence[str | os.PathLike[str]], started: Callable[[], bool], what: Why,
             timeout: float = 2 * HANG, **popen: Any) -> Iterator[subprocess.Popen[Any]]:

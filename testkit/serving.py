@@ -47,6 +47,13 @@ def serving_workers(grpc_transport: str = "native") -> int:
     return int(os.environ.get("MESHBRIDGE_TEST_WORKERS", "1"))
 
 
+def workers_flag(grpc_transport: str = "native") -> list[str]:
+    """`meshbridge serve`'s arguments for `serving_workers()` processes, for a test
+    that runs serve as a process (none for one: the default)."""
+    workers = serving_workers(grpc_transport)
+    return ["--workers", str(workers)] if workers > 1 else []
+
+
 def loopback_app(source: Source, config: MeshConfig | None = None,
                  layers: Iterable[Layer] | None = None, **options: Any) -> App:
     """An App (not started) on 127.0.0.1 with its gRPC and admin ports free ones unless
@@ -56,6 +63,12 @@ def loopback_app(source: Source, config: MeshConfig | None = None,
     serve = ServeOptions(**{"listen": "127.0.0.1:0", "admin": "127.0.0.1:0",
                             "workers": workers, **options})
     return App(source, config, serve, protocol_layers() if layers is None else list(layers))
+
+
+def worker_pids(app: App) -> list[int]:
+    """The live worker processes serving `app`'s gRPC port (none with one process)."""
+    pool = app.watcher.pool if app.watcher is not None else None
+    return pool.pids() if pool is not None else []
 
 
 class Apps:

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from bridge.model import MeshConfig
 from bridge.sources.catalog import DEMO_DIR
@@ -38,6 +39,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         timeout = float(marker.args[0]) if marker is not None and marker.args else default
         if timeout:
             item.add_marker(pytest.mark.timeout(timeout + PEER_STARTUP_BOUND), append=False)
+
+
+@pytest.fixture(autouse=True)
+def logging_restored() -> Iterator[None]:
+    """Each test ends with structlog configured as it began: a test that runs a command
+    in this process (`meshbridge compare` sets the level to warning) must not silence
+    the info lines a later test captures, which made such a test pass or fail with the
+    order and the `-k` subset the tests ran in."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture

@@ -35,6 +35,8 @@ from harness.clients import LinkerdClient, Received, XdsClient
 from testkit import net
 from testkit.net import free_port
 from testkit.polling import eventually, eventually_sync
+from testkit.processes import tree_rss_kib
+from testkit.serving import workers_flag
 
 REPO = Path(__file__).resolve().parents[2]
 # Where `meshbridge serve` runs from (its cwd, so `-m meshbridge.cli` imports that tree):
@@ -156,7 +158,7 @@ class Server:
                "--source", f"files:{self.manifests}",
                "--listen", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{self.admin_port}",
                "--log-format", "json", "--grpc-transport", self.transport,
-               "--shutdown-grace", "1", *self.flags]
+               "--shutdown-grace", "1", *workers_flag(self.transport), *self.flags]
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=SERVER_ROOT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -219,16 +221,9 @@ class Server:
         return out
 
     def rss(self) -> int:
-        """VmRSS in bytes; 0 if the process is gone."""
-        if self.proc is None:
-            return 0
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
+        """VmRSS in bytes, summed over the server and its worker processes if it has
+        any (MESHBRIDGE_TEST_WORKERS); 0 if it is gone."""
+        return 0 if self.proc is None else tree_rss_kib(self.proc.pid) * 1024
 
     def set_endpoints(self, addresses: list[str]) -> None:
         """Rewrite the churned slice (atomically: the source never reads half a file)."""

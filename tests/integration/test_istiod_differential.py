@@ -32,12 +32,12 @@ from kubernetes import client, config
 from bridge.sources.kube import KubeSource
 from harness.clients import XdsClient
 from harness.normalize import State, from_cla
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
+from meshbridge.app import App
 from testkit import kubeapi
 from testkit.istiod import CLUSTER_ID, Istiod, cla_endpoints, differences
 from testkit.kubeapi import KubeAPIServer
 from testkit.polling import eventually
+from testkit.serving import loopback_app
 from tests.integration.shadow_support import ShadowRun, non_equal
 from xds_api.service import XdsOptions
 
@@ -244,10 +244,8 @@ async def sides(world: World, istiod: Istiod, kube_apiserver: KubeAPIServer
     started: list[Side] = []
 
     async def start(**xds_options: Any) -> tuple[Side, Side]:
-        app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
-                  options=ServeOptions("127.0.0.1:0", "127.0.0.1:0",
-                                       layer_options=(istio_profile(**xds_options),)),
-                  layers=protocol_layers())
+        app = loopback_app(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
+                           layer_options=(istio_profile(**xds_options),))
         apps.append(app)
         await app.start()
         hosts = {s: f"{s}.{world.ns}.svc.cluster.local" for s in SERVICES}
@@ -418,9 +416,8 @@ async def test_shadow_against_istiod_agrees_and_finds_a_planted_difference(
         ("web-3", "10.30.0.3", "zone-b", READY), ("web-4", "10.30.0.4", "zone-b", READY),
         ("web-5", "10.30.0.5", "zone-a", TERMINATING)]))
     options = istio_profile(**PLANTED[planted])
-    app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
-              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0", layer_options=(options,)),
-              layers=protocol_layers())
+    app = loopback_app(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path)),
+                       layer_options=(options,))
     await app.start()
     try:
         targets = tmp_path / "targets"

@@ -34,11 +34,10 @@ import pytest
 from kubernetes import client, config
 
 from bridge.sources.kube import KubeSource
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
 from testkit import kubeapi
 from testkit.istiod import Istiod, IstiodError
 from testkit.kubeapi import KubeAPIServer
+from testkit.serving import loopback_app
 from tests.integration.shadow_support import ShadowRun, fields_of
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient
@@ -158,8 +157,8 @@ async def test_istiod_and_meshbridge_send_an_envoy_the_same_routes(
     client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL,
                                                                  route(ns))
     host = f"web.{ns}.svc.cluster.local"
-    app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path), route_status=False),
-              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"), layers=protocol_layers())
+    app = loopback_app(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path),
+                                  route_status=False))
     await app.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as ours_ch, \
@@ -227,8 +226,8 @@ async def test_shadow_compares_routes_with_istiod_and_finds_a_planted_difference
     target = f"web.{ns}.svc.cluster.local:80"
     targets = tmp_path / "targets"
     targets.write_text(f"{target}\n")
-    app = App(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path), route_status=False),
-              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"), layers=protocol_layers())
+    app = loopback_app(KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path),
+                                  route_status=False))
     await app.start()
     try:
         run = ShadowRun("--api", "xds", "--ours", f"127.0.0.1:{app.grpc_port}",

@@ -16,13 +16,12 @@ import yaml
 from kubernetes import client, config
 
 from bridge.sources.kube import KubeSource
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
 from testkit.linkerd import channel_to
 from testkit.linkerd_policy import watch_addr, watch_port
 from testkit.polling import HANG, eventually_sync
+from testkit.serving import loopback_app
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
 
@@ -95,8 +94,7 @@ async def test_routes_and_servers_written_through_the_api_are_served_and_followe
                  "proxyProtocol": "HTTP/1"}})
 
     source = KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path))
-    app = App(source, options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"),
-              layers=protocol_layers())
+    app = loopback_app(source)
     await app.start()
     try:
         async with channel_to(app) as ch:

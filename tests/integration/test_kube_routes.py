@@ -17,13 +17,12 @@ from kubernetes import client
 from bridge.routes.status import CONTROLLER_NAME
 from bridge.sources.kube import KubeSource
 from linkerd_api.proto import outbound_pb2 as ob
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
 from testkit.linkerd import channel_to
 from testkit.linkerd_policy import watch
 from testkit.polling import HANG, eventually_sync
+from testkit.serving import loopback_app
 from tests.integration import test_kube_policy
 from xds_api import resource_types as rt
 from xds_api.client import DeltaAdsClient
@@ -78,8 +77,7 @@ async def test_a_route_edit_through_the_api_reaches_every_client_kind_and_status
     authority = f"web.{ns}.svc.cluster.local:80"
 
     source = KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path))
-    app = App(source, options=ServeOptions("127.0.0.1:0", "127.0.0.1:0"),
-              layers=protocol_layers())
+    app = loopback_app(source)
     await app.start()
     try:
         async with channel_to(app) as ch, \

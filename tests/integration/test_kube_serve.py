@@ -15,6 +15,7 @@ from testkit.kubeapi import KubeAPIServer
 from testkit.net import free_port, ready
 from testkit.polling import eventually_sync
 from testkit.processes import running, stop
+from testkit.serving import workers_flag
 from tests.integration import test_kube_source as kube
 from tests.integration.test_kube_source import WAIT, Objects
 
@@ -58,7 +59,7 @@ def test_serve_answers_with_the_state_read_before_it_was_built_and_follows_chang
     with running([sys.executable, "-m", "meshbridge.cli", "serve", "--source", "kube",
                   "--kubeconfig", str(kube_apiserver.kubeconfig_path),
                   "--listen", f"127.0.0.1:{grpc_port}", "--admin", f"127.0.0.1:{admin_port}",
-                  "--log-format", "json"], lambda: ready(admin_port),
+                  "--log-format", "json", *workers_flag()], lambda: ready(admin_port),
                  "/ready never answered 200", timeout=120, stdout=subprocess.PIPE,
                  stderr=subprocess.STDOUT, text=True,
                  env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:

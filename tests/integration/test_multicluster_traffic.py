@@ -29,11 +29,11 @@ import pytest
 from bridge.multicluster.links import Link
 from bridge.sources.files import FilesSource
 from harness.envoy_process import http_listener
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
+from meshbridge.app import App
 from testkit.envoy import Envoy, envoy_binary
 from testkit.linkerd import write_docs
 from testkit.polling import eventually
+from testkit.serving import loopback_app
 from tests.integration.test_proxy_docs import start_http_backends
 from tests.integration.test_xds_proxyless import PROBE, Probe, start_backends
 
@@ -89,11 +89,9 @@ class Federation:
 
 @contextlib.asynccontextmanager
 async def serve(fed: Federation) -> AsyncIterator[App]:
-    app = App(FilesSource(fed.local, poll_interval=0.05),
-              options=ServeOptions("127.0.0.1:0", "127.0.0.1:0", links=(
-                  Link("east", "cluster.local", "east.local", "--link east",
-                       dev_source=f"files:{fed.east}"),)),
-              layers=protocol_layers())
+    app = loopback_app(FilesSource(fed.local, poll_interval=0.05), links=(
+        Link("east", "cluster.local", "east.local", "--link east",
+             dev_source=f"files:{fed.east}"),))
     await app.start()
     try:
         await eventually(lambda: (lc := app.clusters.get("east")) is not None

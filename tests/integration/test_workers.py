@@ -24,7 +24,7 @@ import pytest
 from testkit.fleet import MODELS, Fleet
 from testkit.net import free_port, http_text, ready
 from testkit.polling import HANG, eventually, eventually_sync
-from testkit.processes import running, stop
+from testkit.processes import children, running, stop
 from tests.integration.xds_helpers import DEMO, Manifests
 
 CATALOG = "catalog.shop.svc.cluster.local:80"
@@ -56,16 +56,8 @@ class Served:
     def workers(self) -> list[int]:
         """The worker processes' pids: the children of the watcher's fork server
         (multiprocessing's, which the workers are forked from)."""
-        servers = [p for p in _children(self.proc.pid) if b"forkserver" in _cmdline(p)]
-        return sorted(w for p in servers for w in _children(p))
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
+        servers = [p for p in children(self.proc.pid) if b"forkserver" in _cmdline(p)]
+        return sorted(w for p in servers for w in children(p))
 
 
 def _cmdline(pid: int) -> bytes:

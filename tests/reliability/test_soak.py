@@ -22,8 +22,8 @@ from pathlib import Path
 from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
 from testkit.fleet import truth
 from testkit.polling import eventually
-from testkit.processes import REPO, Child, rss_kib
-from testkit.serving import serve_objects
+from testkit.processes import REPO, Child, pid_rss_kib, rss_kib
+from testkit.serving import serve_objects, worker_pids
 
 RATE = 40.0  # changes per second, at most
 CHANGES = int(os.environ.get("MESHBRIDGE_SOAK_CHANGES")
@@ -55,7 +55,8 @@ async def test_a_soak_with_churn_and_restarting_clients_converges_in_flat_memory
             app.cluster.apply(events)
             if index % every == 0:
                 gc.collect()
-                samples.append((index, rss_kib()))
+                # The server's memory: this process's, and its workers' if it has any.
+                samples.append((index, rss_kib() + sum(map(pid_rss_kib, worker_pids(app)))))
         await child.send(cmd="quiet")
         await child.line(30)
         bad: list[str] = []

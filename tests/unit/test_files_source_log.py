@@ -3,26 +3,16 @@ or unreadable, once per change (not once per poll)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
-import pytest
 import structlog
 import yaml
 
 from bridge.cluster import Cluster
 from bridge.sources.files import FilesSource
 from testkit.builders import service
-
-
-@pytest.fixture(autouse=True)
-def info_logged() -> Iterator[None]:
-    """Info lines reach capture_logs whatever level an earlier test configured."""
-    saved = structlog.get_config()
-    structlog.reset_defaults()
-    yield
-    structlog.configure(**saved)
 
 
 def lines(logs: list[MutableMapping[str, Any]]) -> list[tuple[str, str]]:

@@ -15,10 +15,12 @@ from meshbridge import gctune
 @pytest.fixture
 def collector() -> Iterator[None]:
     """Put the collector back as it was: its settings are the whole process's."""
-    thresholds = gc.get_threshold()
+    thresholds, before = gc.get_threshold(), list(gctune._before)
+    gctune._before.clear()
     yield
     gc.unfreeze()
     gc.set_threshold(*thresholds)
+    gctune._before[:] = before
 
 
 def test_settle_heap_freezes_what_is_alive_and_raises_the_thresholds(
@@ -54,3 +56,14 @@ def test_frozen_objects_are_still_freed_when_dropped(collector: None) -> None:
     gctune.settle_heap()
     del held  # reference counting, not the collector, frees it
     assert ref() is None
+
+
+def test_the_collector_runs_rarely_until_synced_then_as_settled(collector: None) -> None:
+    gc.set_threshold(700, 10, 10)
+    gctune.before_sync()  # the watches opened: the initial state is coming
+    assert gc.get_threshold() == gctune.SYNC_THRESHOLDS
+    assert gctune.SYNC_THRESHOLDS[0] > gctune.THRESHOLDS[0]
+    gctune.settle_heap()  # synced
+    assert gc.get_threshold() == gctune.THRESHOLDS
+    gctune.release_heap()
+    assert gc.get_threshold() == (700, 10, 10)

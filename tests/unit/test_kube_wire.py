@@ -240,3 +240,46 @@ def test_builtin_kinds_ask_for_protobuf_and_the_others_for_json() -> None:
     for kind in ("Pod", "Service", "EndpointSlice", "Endpoints", "Node", "ReplicaSet", "Job"):
         assert kube_wire.accept(kind).startswith(kube_wire.PROTOBUF)
     assert kube_wire.accept("Server") == kube_wire.JSON
+
+
+def _messages_read(data: bytes) -> tuple[str, bytes]:
+    """A frame read by the message classes alone (what `_envelope` stands in for)."""
+    event = MESSAGES["WatchEvent"].FromString(data)
+    unknown = MESSAGES["Unknown"].FromString(bytes(event.object.raw)[len(kube_wire.MAGIC):])
+    return str(event.type), bytes(unknown.raw)
+
+
+@pytest.mark.parametrize("etype", ["ADDED", "MODIFIED", "DELETED", "BOOKMARK"])
+def test_the_quick_envelope_reading_finds_what_the_messages_find(etype: str) -> None:
+    big = pod("web-1", "10.0.0.1")
+    # A long label makes every length on the way a varint of more than one byte.
+    big.metadata.labels.append(MESSAGES["StringEntry"](  # type: ignore[attr-defined]
+        key="long", value="x" * 70_000).SerializeToString())
+    for message in (pod("web-2", "10.0.0.2"), big):
+        data = frame(etype, "Pod", message)[4:]
+        found = kube_wire._envelope(data)
+        assert found is not None
+        assert (found[0], bytes(found[1])) == _messages_read(data)
+
+
+def test_an_envelope_shaped_otherwise_is_left_to_the_messages() -> None:
+    data = frame("ADDED", "Pod", pod("web-1", "10.0.0.1"))[4:]
+    event = MESSAGES["WatchEvent"].FromString(data)
+    no_magic = MESSAGES["WatchEvent"](type="ADDED")
+    no_magic.object.raw = b"json" + bytes(event.object.raw)[4:]
+    odd_type = MESSAGES["WatchEvent"](type="RENAMED")
+    odd_type.object.raw = event.object.raw
+    unknown = MESSAGES["Unknown"].FromString(bytes(event.object.raw)[4:])
+    unknown.contentEncoding = "gzip"  # after the object: still found
+    later = MESSAGES["WatchEvent"](type="ADDED")
+    later.object.raw = kube_wire.MAGIC + unknown.SerializeToString()
+    for odd in (no_magic, odd_type):
+        assert kube_wire._envelope(bytes(odd.SerializeToString())) is None
+    for cut in (data[:3], data[:40], data[:-1], b"", b"\x08\x01"):  # truncated; a varint field
+        assert kube_wire._envelope(cut) is None
+    found = kube_wire._envelope(bytes(later.SerializeToString()))
+    assert found is not None and bytes(found[1]) == bytes(unknown.raw)
+    # And a whole watch stream reads the same through either path.
+    (etype, raw), = kube_wire.watch_events(
+        "Pod", [frame("RENAMED", "Pod", pod("web-3", "10.0.0.3"))], kube_wire.PROTOBUF)
+    assert (etype, raw["metadata"]["name"]) == ("RENAMED", "web-3")
