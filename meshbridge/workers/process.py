@@ -126,10 +126,11 @@ def run(spec: WorkerSpec, sock: socket.socket) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.logging is not None:
         configure_logging(*spec.logging)
-    # As the one process does (meshbridge.gctune): what the imports built is frozen
-    # and the collector's thresholds raised, so that thousands of streams' objects
-    # are not traversed again and again by full collections as they come and change.
-    gctune.before_sync()
+    # As the one process does once synced (meshbridge.gctune): what the imports built
+    # is frozen and the collector's thresholds raised, so that thousands of streams'
+    # objects are not traversed again and again as they come and change. A worker has
+    # no initial sync of its own: it is settled from its start.
+    gctune.settle_heap()
     _, fds, _, _ = socket.recv_fds(sock, 16, 1)
     counts = SharedCounts(spec.workers, fds[0])
     code = eventloop.run(_serve(spec, sock, counts), spec.event_loop)
