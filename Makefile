@@ -34,14 +34,18 @@ test: install-test envtest chromium h2spec helm istiod istioctl
 
 # The protocol and reliability tiers again with the port served by two worker
 # processes (docs/workers.md, "Tests"): every test here starts its server through the
-# test kit, which reads MESHBRIDGE_TEST_WORKERS. tests/integration/test_workers.py
-# (in the run above) starts `serve --workers 2` itself.
+# test kit, which reads MESHBRIDGE_TEST_WORKERS (`serve` processes get --workers from
+# it). tests/integration/test_workers.py (in the run above) starts `serve --workers 2`
+# itself.
 WORKER_TIERS := $(addprefix tests/integration/test_,linkerd_get.py linkerd_profile.py \
 	linkerd_policy_streams.py linkerd_identity.py xds_api.py xds_envoy.py xds_leds_envoy.py \
-	xds_proxyless.py route_canary.py route_grpc.py grpc_port.py) \
-	tests/reliability/test_faults.py tests/reliability/test_soak.py
+	xds_proxyless.py route_canary.py route_grpc.py grpc_port.py h2spec.py \
+	multicluster_get.py multicluster_xds.py multicluster_traffic.py \
+	istiod_differential.py istiod_routes.py \
+	kube_source.py kube_serve.py kube_routes.py kube_policy.py) \
+	tests/attacks/test_attacks.py tests/reliability/test_faults.py tests/reliability/test_soak.py
 
-test-workers: install-test
+test-workers: install-test envtest h2spec istiod
 	MESHBRIDGE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -p no:cacheprovider $(WORKER_TIERS)
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go
