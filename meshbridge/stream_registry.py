@@ -94,15 +94,17 @@ class StreamInfo:
             self.pending_since = 0.0
 
     def sent(self, type_name: str, version: str, nonce: str, size: int) -> None:
-        st = self.state(type_name)
+        # Per message: the state is there after the first (a call less than state()).
+        st = self.types.get(type_name) or self.state(type_name)
         st.last_sent_version, st.last_sent_nonce, st.last_sent_at = version, nonce, time.time()
         self.messages_sent += 1
         self.bytes_sent += size
 
     def acked(self, type_name: str, version: str) -> None:
-        st = self.state(type_name)
+        st = self.types.get(type_name) or self.state(type_name)
         st.last_ack_version, st.last_ack_at = version, time.time()
-        self.converged()
+        if self.pending_since:
+            self.converged()
 
     def nacked(self, type_name: str, error: str) -> None:
         st = self.state(type_name)
