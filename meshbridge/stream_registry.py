@@ -213,6 +213,19 @@ class StreamRegistry:
         return [dataclasses.replace(s, types=dict(s.types), convergence=None)
                 for s in self._streams.values()]
 
+    def synced(self) -> dict[str, tuple[int, int]]:
+        """Per protocol: (streams open, streams whose every type sent is ACKed). A
+        summary another process can ask for often (a benchmark's "idle?") without
+        copying every entry as `detached` does."""
+        out: dict[str, tuple[int, int]] = {}
+        for s in self._streams.values():
+            done = bool(s.types) and all(
+                st.last_sent_version and st.sync_state(s.acks) in (SYNCED, SENT)
+                for st in s.types.values())
+            n, k = out.get(s.protocol, (0, 0))
+            out[s.protocol] = (n + 1, k + done)
+        return out
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for s in self._streams.values():
