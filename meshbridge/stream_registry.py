@@ -268,6 +268,19 @@ class StreamRegistry:
         histogram), for another process's pages."""
         return [s.copy() for s in self._streams.values()]
 
+    def synced(self) -> dict[str, tuple[int, int]]:
+        """Per protocol: (streams open, streams whose every type sent is ACKed). A
+        summary another process can ask for often (a benchmark's "idle?") without
+        copying every entry as `detached` does."""
+        out: dict[str, tuple[int, int]] = {}
+        for s in self._streams.values():
+            done = bool(s.types) and all(
+                st.last_sent_version and st.sync_state(s.acks) in (SYNCED, SENT)
+                for st in s.types.values())
+            n, k = out.get(s.protocol, (0, 0))
+            out[s.protocol] = (n + 1, k + done)
+        return out
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for s in self._streams.values():
