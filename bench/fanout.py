@@ -82,6 +82,10 @@ class Arrivals:
         self.ready = asyncio.Event()  # `goal` streams are open
         self._received: dict[int, int] = {}
         self._first_at: dict[int, float] = {}
+        self._wrong: dict[int, int] = {}  # per run: messages that did not say it
+
+    def wrong(self, n: int) -> None:
+        self._wrong[n] = self._wrong.get(n, 0) + 1
 
     def expect(self, goal: int) -> None:
         self.goal = goal
@@ -99,7 +103,8 @@ class Arrivals:
         if count == self.streams:
             # The client's own CPU so far: between two runs it does nothing but take
             # one change (decode, ACK), so the difference is its CPU per change.
-            out_line(run=n, first=self._first_at[n], last=now, cpu=time.process_time())
+            out_line(run=n, first=self._first_at[n], last=now, cpu=time.process_time(),
+                     wrong=self._wrong.get(n, 0))
 
 
 async def run_client(args: argparse.Namespace) -> int:
@@ -166,16 +171,40 @@ async def run_client(args: argparse.Namespace) -> int:
     return 0
 
 
+def endpoints_in(n: int, endpoints: int) -> int:
+    """The endpoints message n of every stream carries: run n scales the service up
+    (odd n) or back down (even n) by one pod; the snapshot (n = 0) has them all."""
+    return endpoints + n % 2
+
+
+def sotw_reader(endpoints: int) -> Any:
+    """The check of each SotW response (bench/sotw_check.py): the target's CLA, with
+    the endpoints its change must give."""
+    from envoy.config.endpoint.v3 import endpoint_pb2
+
+    from bench.sotw_check import SotwReader
+
+    def says(n: int, message: Any) -> bool:
+        if len(message.resources) != 1:
+            return False
+        cla = endpoint_pb2.ClusterLoadAssignment.FromString(message.resources[0].value)
+        count = sum(len(locality.lb_endpoints) for locality in cla.endpoints)
+        return cla.cluster_name == TARGET and count == endpoints_in(n, endpoints)
+
+    return SotwReader(EDS, [TARGET], says)
+
+
 async def run_lean_client(args: argparse.Namespace) -> int:
-    """The same streams and per-message work as run_client (each response decoded,
-    each xDS response ACKed), on bench/h2client.py: callbacks, no task per stream."""
+    """The streams on bench/h2client.py: callbacks, no task per stream. `lean`: each
+    SotW response checked (sotw_reader) and ACKed with the prebuilt ACK and its
+    nonce; `decoding` (and delta, Get): each response decoded in full, each xDS one
+    ACKed with a request built and encoded for it, as run_client does."""
     from envoy.service.discovery.v3 import discovery_pb2
 
     from bench.h2client import LeanConnection
     from linkerd_api.proto import destination_pb2
 
     host, port = args.server.rsplit(":", 1)
-    seen: dict[tuple[int, int], int] = {}  # (connection, stream) -> messages so far
     arrivals = Arrivals(args.streams)
     got = arrivals.got
 
@@ -184,32 +213,49 @@ async def run_lean_client(args: argparse.Namespace) -> int:
     SotwRequest = discovery_pb2.DiscoveryRequest
     DeltaRequest = discovery_pb2.DeltaDiscoveryRequest
     conns: list[LeanConnection] = []
+    checked = args.protocol == "sotw" and args.clients == "lean"
+    reader = sotw_reader(args.endpoints)
+    previous: dict[int, bytes] = {}  # --corrupt-run: the stream's message of the run before
 
     def on_message_of(ci: int) -> Any:
+        seen: dict[int, int] = {}  # stream -> messages so far
+        conn_send = conns[ci].send  # bound once: one attribute look-up less per message
+
         def on_message(sid: int, raw: bytes) -> None:
-            now = time.monotonic()
-            key = (ci, sid)
-            n = seen[key] = seen.get(key, -1) + 1
-            if args.protocol == "sotw":
+            n = seen[sid] = seen.get(sid, -1) + 1
+            if checked:
+                if args.corrupt_run and ci == 0 and sid == 1:
+                    # Proof that a wrong message fails the run: this stream is handed
+                    # the run before's message in place of run --corrupt-run's.
+                    raw = previous.get(n - 1, raw) if n == args.corrupt_run else raw
+                    previous[n] = raw
+                ok, ack = reader.read(n, raw)
+                if not ok:
+                    arrivals.wrong(n)
+                got(n, time.monotonic())
+                conn_send(sid, ack)
+            elif args.protocol == "sotw":
                 resp = SotwResponse.FromString(raw)
-                got(n, now)
-                conns[ci].send(sid, SotwRequest(
+                got(n, time.monotonic())
+                conn_send(sid, SotwRequest(
                     type_url=EDS, resource_names=[TARGET], version_info=resp.version_info,
                     response_nonce=resp.nonce).SerializeToString())
             elif args.protocol == "delta":
                 dresp = DeltaResponse.FromString(raw)
-                got(n, now)
-                conns[ci].send(sid, DeltaRequest(
+                got(n, time.monotonic())
+                conn_send(sid, DeltaRequest(
                     type_url=EDS, response_nonce=dresp.nonce).SerializeToString())
             else:
-                got(n, now)
+                got(n, time.monotonic())
         return on_message
 
     def on_end(sid: int, status: str) -> None:
         return None  # streams end only when the run is over
 
     for ci in range(args.channels):
-        conns.append(await LeanConnection.connect(host, int(port), on_message_of(ci), on_end))
+        # No message comes before a stream is opened: the callback is set right after.
+        conns.append(await LeanConnection.connect(host, int(port), lambda *_: None, on_end))
+        conns[ci].on_message = on_message_of(ci)
     get_request = destination_pb2.GetDestination(scheme="k8s", path=TARGET).SerializeToString()
 
     def first_request(i: int) -> bytes:
@@ -225,7 +271,8 @@ async def run_lean_client(args: argparse.Namespace) -> int:
 
     path = {"get": GET, "sotw": ADS_SOTW, "delta": ADS_DELTA}[args.protocol]
     started = 0
-    reader = await commands()
+    commands_in = await commands()
+    profile = Profile(args.client_profile)
     for goal in (args.first_phase, args.streams):
         arrivals.expect(goal)
         for i in range(started, goal):
@@ -235,8 +282,9 @@ async def run_lean_client(args: argparse.Namespace) -> int:
         out_line(ready=goal)
         # The next streams open only once the parent has read the server's memory
         # with exactly these open.
-        await reader.readline()
-    await reader.read()  # until the parent closes stdin
+        await commands_in.readline()
+    await commands_in.read()  # until the parent closes stdin
+    profile.save()
     for c in conns:
         c.close()
     return 0
@@ -274,21 +322,30 @@ STREAM_PROTOCOL = {"get": "linkerd-get", "sotw": "xds-sotw", "delta": "xds-delta
 
 
 def settled_over_workers(app: Any, protocol: str, n: int) -> Callable[[], Any]:
-    """With workers: at least `n` streams open, and every one has ACKed its EDS."""
+    """With workers: at least `n` streams open, and every one has ACKed what it was
+    sent (each worker's summary of its stream registry: a few numbers per look, where
+    copying 10,000 entries over the channel cost the workers more than a change)."""
     async def settled() -> bool:
-        infos = [i for i in await app.stream_infos() if i.protocol == STREAM_PROTOCOL[protocol]]
-        return len(infos) >= n and all(
-            (st := i.types.get("eds")) is not None and st.last_sent_version
-            and st.last_ack_version == st.last_sent_version for i in infos)
+        summaries = await app.watcher.pool.ask("streams.synced")
+        counts = [s.get(STREAM_PROTOCOL[protocol], (0, 0)) for s in summaries]
+        return len(summaries) == app.watcher.pool.count and \
+            sum(c[0] for c in counts) >= n and all(c[0] == c[1] for c in counts)
     return settled
 
 
-async def server_cpu(app: Any) -> float:
-    """CPU seconds of this process and, with workers, of every worker."""
-    cpu = cpu_seconds()
+async def server_cpu(app: Any) -> list[float]:
+    """CPU seconds of this process and, with workers, of each worker (in order)."""
+    cpu = [cpu_seconds()]
     if app.watcher is not None and app.watcher.pool is not None:
-        cpu += sum(s["cpu"] for s in await app.watcher.pool.ask("stats"))
+        cpu += [s["cpu"] for s in await app.watcher.pool.ask("stats")]
     return cpu
+
+
+def channel_sent(app: Any) -> int:
+    """Bytes the watcher has sent its workers so far (0 without workers)."""
+    if app.watcher is None or app.watcher.pool is None:
+        return 0
+    return sum(link.sent_bytes for link in app.watcher.pool.links())
 
 
 def server_rss_kib(app: Any) -> int:
@@ -322,7 +379,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "bench.fanout", "--protocol", args.protocol, "--server",
             f"127.0.0.1:{app.grpc_port}", "--streams", str(args.streams),
             "--first-phase", str(max(1, args.streams // 5)), "--channels", str(args.channels),
-            "--clients", args.clients)
+            "--clients", args.clients, "--endpoints", str(args.endpoints),
+            "--corrupt-run", str(args.corrupt_run),
+            *(("--client-profile", args.client_profile) if args.client_profile else ()))
         workers = args.workers > 1
         idle: Callable[[], Any] = (settled_over_workers(app, args.protocol, 0) if workers
                                    else idle_check(app, args.protocol))
@@ -341,8 +400,15 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             await child.send(next=True)
         tracemalloc.stop()
         (n1, rss1, heap1), (n2, rss2, heap2) = readings
+        # How the kernel spread the connections (SO_REUSEPORT hashes them): the worker
+        # with the most streams bounds the fan-out.
+        pool = app.watcher.pool if app.watcher is not None else None
+        split = [s.get(STREAM_PROTOCOL[args.protocol], (0, 0))[0]
+                 for s in await pool.ask("streams.synced")] if pool is not None else []
         svc = sim.services[0]
         latencies, firsts, cpu_ms, client_cpu_ms = [], [], [], []
+        process_cpu_ms: list[list[float]] = []  # per run: the watcher's, each worker's
+        channel_bytes: list[int] = []  # per run: what the watcher sent the workers
         client_cpu: float | None = None
         profile = Profile(args.profile)
         for run in range(1, args.runs + 1):
@@ -350,11 +416,18 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             # Alternate up and down so the View keeps its size.
             events = sim._step_scale(svc, up=run % 2 == 1)
             cpu0 = await server_cpu(app)
+            sent0 = channel_sent(app)
             t0 = time.monotonic()
             app.cluster.apply(events)
             got = await child.line()
-            cpu_ms.append((await server_cpu(app) - cpu0) * 1000)
+            cpu1 = await server_cpu(app)
+            channel_bytes.append(channel_sent(app) - sent0)
+            process_cpu_ms.append([(b - a) * 1000 for a, b in zip(cpu0, cpu1, strict=True)])
+            cpu_ms.append(sum(process_cpu_ms[-1]))
             assert got["run"] == run, got
+            if got.get("wrong"):
+                raise SystemExit(f"fan-out run {run}: {got['wrong']} of {args.streams} "
+                                 "streams were sent a message that does not say the change")
             if client_cpu is not None and "cpu" in got:
                 client_cpu_ms.append((got["cpu"] - client_cpu) * 1000)
             client_cpu = got.get("cpu")
@@ -373,6 +446,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "endpoints": args.endpoints, "runs": args.runs,
         "all_received_ms": latencies, "first_received_ms": firsts,
         "server_cpu_ms": cpu_ms,
+        "process_cpu_ms": process_cpu_ms,
+        "channel_bytes": channel_bytes,
+        "streams_per_worker": split,
         # The load client's CPU per change (runs 2 on; it shares the cores).
         "client_cpu_ms": client_cpu_ms,
         "memory_per_idle_stream_kib": (rss2 - rss1) / (n2 - n1),
@@ -386,7 +462,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     p, n = result["protocol"], result["streams"]
     target = TARGET_MS[p] if n == TARGET_STREAMS else None
-    clients = "" if result.get("clients", "lean") == "lean" else ", grpc.aio clients"
+    clients = {"lean": "", "decoding": ", decoding clients"}.get(
+        result.get("clients", "lean"), ", grpc.aio clients")
     workers = result.get("workers", 1)
     if workers > 1:
         clients += f", {workers} workers"
@@ -412,7 +489,13 @@ def report(result: dict[str, Any]) -> str:
         " ms",
         f"  server CPU per change: median {statistics.median(result['server_cpu_ms']):.1f} ms"
         + (f"; the load client's: {statistics.median(result['client_cpu_ms']):.1f} ms"
-           if result.get("client_cpu_ms") else ""),
+           if result.get("client_cpu_ms") else "")
+        + ("\n  by process (watcher, worker 1, ...): "
+           + " / ".join(f"{statistics.median(p):.1f}"
+                        for p in zip(*result["process_cpu_ms"], strict=True))
+           + f" ms; channel {statistics.median(result['channel_bytes']):,.0f} bytes per change"
+           + f"; streams per worker {result['streams_per_worker']}"
+           if result.get("workers", 1) > 1 else ""),
         f"  memory per idle stream: {result['memory_per_idle_stream_kib']:.1f} KiB "
         f"(server RSS {result['server_rss_mib']['start']:.0f} -> "
         f"{result['server_rss_mib']['all']:.0f} MiB)"
@@ -433,9 +516,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile the server during the runs (pyinstrument) into FILE")
     p.add_argument("--trace-memory", action="store_true",
                    help="also measure the Python heap per stream (tracemalloc; slower)")
-    p.add_argument("--clients", choices=("lean", "grpcio"), default="lean",
-                   help="the client streams: bench/h2client.py's callbacks (default) or "
-                        "one grpc.aio call and task per stream")
+    p.add_argument("--clients", choices=("lean", "decoding", "grpcio"), default="lean",
+                   help="the client streams: bench/h2client.py's callbacks, each SotW "
+                        "response checked (decoded once per change, compared by bytes "
+                        "after) and ACKed with a prebuilt ACK (lean, the default); the "
+                        "same callbacks decoding and re-encoding every message "
+                        "(decoding, the client until 2026-12-02); or one grpc.aio call "
+                        "and task per stream (grpcio)")
+    p.add_argument("--corrupt-run", type=int, default=0, metavar="N",
+                   help="(proof of the check) one SotW stream is handed run N-1's message "
+                        "in place of run N's: the run must fail")
+    p.add_argument("--client-profile", metavar="FILE",
+                   help="profile the load client process (pyinstrument) into FILE")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes serving the port (xDS only; docs/workers.md)")
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default=default_loop(),
@@ -444,8 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
-        return asyncio.run(run_lean_client(args) if args.clients == "lean"
-                           else run_client(args))
+        return asyncio.run(run_client(args) if args.clients == "grpcio"
+                           else run_lean_client(args))
     return finish("fanout", eventloop.run(run_bench(args), args.event_loop), args.json, rows,
                   report)
 

@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import ssl
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -447,10 +448,17 @@ class Etcd:
             self._txn(ops)
 
     def _txn(self, ops: list[dict[str, Any]]) -> None:
-        resp = self.pool.request("POST", self.url + "/v3/kv/txn",
-                                 body=json.dumps({"success": ops}).encode(),
-                                 headers={"Content-Type": "application/json"},
-                                 timeout=urllib3.Timeout(connect=10, read=120))
+        # Unconditional puts of the same values: repeated after etcd's "request timed
+        # out" (503, which a loaded 2-core machine gets mid-fill at 50,000 pods), a
+        # few times with a growing pause, before giving up.
+        for attempt in range(6):
+            resp = self.pool.request("POST", self.url + "/v3/kv/txn",
+                                     body=json.dumps({"success": ops}).encode(),
+                                     headers={"Content-Type": "application/json"},
+                                     timeout=urllib3.Timeout(connect=10, read=120))
+            if resp.status != 503 or attempt == 5:
+                break
+            time.sleep(0.5 * 2 ** attempt)
         if resp.status >= 300 or not json.loads(resp.data).get("succeeded"):
             raise RuntimeError(f"etcd txn: HTTP {resp.status}: {resp.data[:300]!r}")
 

@@ -49,7 +49,6 @@ ADS_SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggrega
 WATCH = "/io.linkerd.proxy.outbound.OutboundPolicies/Watch"
 RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 KINDS = ("rds", "policy")
-_NONCE_TAG = 5 << 3 | 2  # field 5, length-delimited: a response's nonce, an ACK's too
 
 
 def service(name: str, ip: str) -> dict[str, Any]:
@@ -102,65 +101,42 @@ class EditReader:
 
     The first message of each edit is decoded in full and its route table read; every
     other stream's message of that edit must then be the same bytes: an OutboundPolicy
-    whole; an RDS response up to its nonce (the DiscoveryResponse's version, resources
-    and type), the nonce read from the wire for the ACK. So each message is checked
-    while the client's CPU per message stays well below the server's (the figure is
-    the server's); a message that differs is decoded and checked in full."""
+    whole; an RDS response up to its nonce (bench/sotw_check.py, which also builds the
+    ACK). So each message is checked while the client's CPU per message stays well
+    below the server's (the figure is the server's); a message that differs is decoded
+    and checked in full."""
 
     def __init__(self, rds: bool) -> None:
-        from envoy.service.discovery.v3 import discovery_pb2
+        from bench.sotw_check import SotwReader
 
         self.rds = rds
-        self._response = discovery_pb2.DiscoveryResponse
-        self._request = discovery_pb2.DiscoveryRequest
-        # Per edit: the bytes every message has (RDS: before its nonce), and for RDS
-        # the ACK's fields before its nonce.
-        self._known: dict[int, bytes] = {}
-        self._ack_head: dict[int, bytes] = {}
+        self._rds = SotwReader(RDS, [TARGET], self._says_edit)
+        self._known: dict[int, bytes] = {}  # per edit: the OutboundPolicy's bytes
 
     def read(self, n: int, raw: bytes) -> tuple[bool, bytes]:
         """(says edit n, the ACK to send or b"")."""
-        known = self._known.get(n)
-        if known is not None:
-            if not self.rds:
-                if raw == known:
-                    return True, b""
-            elif raw.startswith(known) and len(raw) > len(known) + 1:
-                # DiscoveryResponse.nonce and DiscoveryRequest.response_nonce are both
-                # field 5 (tag 0x2a): the nonce field is the ACK's as it stands.
-                at = len(known)
-                size = raw[at + 1]
-                if raw[at] == _NONCE_TAG and size < 0x80:
-                    return True, self._ack_head[n] + raw[at:at + 2 + size]
-        return self._read_in_full(n, raw)
-
-    def _read_in_full(self, n: int, raw: bytes) -> tuple[bool, bytes]:
-        from envoy.config.route.v3 import route_pb2
-
+        if self.rds:
+            return self._rds.read(n, raw)
+        if self._known.get(n) == raw:
+            return True, b""
         from linkerd_api.policy.text import policy_rows
         from linkerd_api.proto import outbound_pb2 as ob
-        from xds_api import wire
+
+        rows = policy_rows(ob.OutboundPolicy.FromString(raw))[1]
+        ok = canary_seen(rows) == canary_weight(n)
+        if ok:
+            self._known.setdefault(n, raw)
+        return ok, b""
+
+    @staticmethod
+    def _says_edit(n: int, message: Any) -> bool:
+        from envoy.config.route.v3 import route_pb2
+
         from xds_api.route_text import route_config_rows
 
-        if not self.rds:
-            rows = policy_rows(ob.OutboundPolicy.FromString(raw))[1]
-            ok = canary_seen(rows) == canary_weight(n)
-            if ok:
-                self._known.setdefault(n, raw)
-            return ok, b""
-        message = self._response.FromString(raw)
-        ack = self._request(type_url=RDS, resource_names=[TARGET],
-                            version_info=message.version_info)
-        ack_head = ack.SerializeToString()
-        ack.response_nonce = message.nonce
         content = message.resources[0].value if len(message.resources) == 1 else b""
         rows = route_config_rows(route_pb2.RouteConfiguration.FromString(content))
-        ok = canary_seen(rows) == canary_weight(n)
-        nonce_at = raw.rfind(wire.string_field(5, message.nonce))
-        if ok and nonce_at > 0 and n not in self._known:
-            self._known[n] = raw[:nonce_at]
-            self._ack_head[n] = ack_head
-        return ok, ack.SerializeToString()
+        return canary_seen(rows) == canary_weight(n)
 
 
 async def run_client(args: argparse.Namespace) -> int:

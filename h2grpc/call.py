@@ -326,7 +326,8 @@ class ServerCall:
     def write_nowait(self, message: bytes) -> bool:
         """Queue a serialized message now, without a task switch, if the stream can take
         it without waiting; False (nothing queued) when the caller must `await write`."""
-        if self._held_back() and not self.ended:
+        # _held_back, spelled out: once per stream per change.
+        if (self.stream.pending_bytes > WRITE_BUFFER or self.conn.paused) and not self.ended:
             return False
         self._send(message)
         return True
@@ -374,7 +375,14 @@ class ServerCall:
             if len(payload) >= 5:
                 flag, n = GRPC_PREFIX.unpack_from(payload)
                 if n + 5 == len(payload) and n <= max_message:  # the usual case
-                    self._deliver(flag, payload[5:])
+                    on_message = self._on_message
+                    if on_message is not None and not flag and not self._one_request:
+                        # A request stream read in callbacks (xDS ACKs): what _deliver
+                        # would decide, decided.
+                        self._requests_seen += 1
+                        self._deliver_to(on_message, payload[5:])
+                    else:
+                        self._deliver(flag, payload[5:])
                     return
             rbuf = self._rbuf = bytearray(payload)
         else:

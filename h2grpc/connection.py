@@ -67,7 +67,10 @@ _NOT_FAILURES = frozenset({grpc.StatusCode.OK, grpc.StatusCode.CANCELLED,
 class Connection(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.limits = server.limits
+        self.limits = limits = server.limits
+        # Read per DATA frame: kept as plain attributes.
+        self._max_message = limits.max_message_bytes
+        self._refill_at = limits.stream_window // 2  # a stream's window is given back
         self.loop = asyncio.get_running_loop()
         self.core = H2Connection(self, self.limits, self.loop.time)
         self.transport: asyncio.Transport | None = None
@@ -216,8 +219,8 @@ class Connection(asyncio.Protocol):
     def stream_data(self, stream: H2Stream, data: bytes) -> None:
         call: ServerCall | None = stream.owner
         if call is not None:
-            call.received(data, self.limits.max_message_bytes)
-            if not call.ended:
+            call.received(data, self._max_message)
+            if not call.ended and stream.recv_unacked >= self._refill_at:
                 self.maybe_refill(call)
 
     def stream_ended(self, stream: H2Stream) -> None:
@@ -267,7 +270,7 @@ class Connection(asyncio.Protocol):
         self._queued += len(data)
         if self._queued > EAGER_FLUSH:
             self._flush()
-        else:
+        elif not self._flush_scheduled:  # (once per turn: no call for the rest)
             self._schedule()
 
     def finish(self, call: ServerCall, code: grpc.StatusCode, details: str) -> None:
@@ -311,8 +314,7 @@ class Connection(asyncio.Protocol):
     def maybe_refill(self, call: ServerCall) -> None:
         """Give a stream's window back once half of it is used, unless its handler is
         behind: then only as it reads."""
-        if (call.stream.recv_unacked >= self.limits.stream_window // 2
-                and call.unread() <= INBOX_SLACK):
+        if call.stream.recv_unacked >= self._refill_at and call.unread() <= INBOX_SLACK:
             self.refill(call)
 
     def refill(self, call: ServerCall) -> None:

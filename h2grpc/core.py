@@ -39,6 +39,7 @@ from h2grpc.streams import (
     State,
 )
 
+DATA = f.DATA
 # Closed streams remembered, so that a late frame on one is judged by how it closed.
 CLOSED_MEMORY = 1024
 
@@ -178,7 +179,12 @@ class H2Connection:
             # What we accept is the default frame size: we never announce a larger one.
             for kind, flags, sid, payload, end in f.frames_in(buf, f.DEFAULT_MAX_FRAME):
                 consumed = end
-                self._on_frame(kind, flags, sid, payload)
+                if kind == DATA and self._block is None and self._peer_settings:
+                    # The busiest frame (an ACK per stream per change): what _on_frame
+                    # would check first holds, straight to its handler.
+                    self._on_data(flags, sid, payload)
+                else:
+                    self._on_frame(kind, flags, sid, payload)
                 if self.terminated is not None:
                     break
                 if consumed >= max_bytes or self._blocks_in_slice >= self.limits.slice_requests:

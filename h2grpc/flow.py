@@ -24,6 +24,9 @@ from collections.abc import Callable
 from h2grpc import frames as f
 from h2grpc.streams import NOT_WAITING, WAITING_CONNECTION, WAITING_STREAM, H2Stream
 
+# frames.frame_header's packing, for the one DATA frame per stream per change.
+_DATA_HEADER = f.HEADER.pack
+
 
 class SendWindows:
     __slots__ = ("_connection_waiters", "_on_drained", "_out", "_seq", "_stream_blocked",
@@ -50,8 +53,9 @@ class SendWindows:
         n = len(data)
         if (stream.pending is None and n <= self.initial + stream.window_delta
                 and n <= self.connection and n <= self.max_frame):
-            self._out.append(f.frame_header(f.DATA, 0, stream.id, n))
-            self._out.append(data)
+            out = self._out
+            out.append(_DATA_HEADER(n >> 16, n & 0xFFFF, f.DATA, 0, stream.id))
+            out.append(data)
             stream.window_delta -= n
             self.connection -= n
             self.frames_sent += 1

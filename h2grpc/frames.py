@@ -57,7 +57,7 @@ DEFAULT_MAX_FRAME = 16_384
 MAX_WINDOW = 2**31 - 1
 
 # length (24 bits, as a byte and a short), type, flags, stream id.
-_HEADER = struct.Struct(">BHBBI")
+HEADER = struct.Struct(">BHBBI")  # a frame header: length (3 bytes), type, flags, id
 # gRPC's message prefix: compressed flag, length.
 GRPC_PREFIX = struct.Struct(">BI")
 
@@ -70,25 +70,26 @@ def frames_in(buf: bytearray, max_length: int) -> Iterator[tuple[int, int, int, 
     """The complete frames at the start of `buf`, in order, as (type, flags, stream id,
     payload, offset just past the frame); the caller removes what it has consumed."""
     offset, size = 0, len(buf)
+    unpack = HEADER.unpack_from  # the 9 header bytes in one call
     while size - offset >= 9:
-        length = (buf[offset] << 16) | (buf[offset + 1] << 8) | buf[offset + 2]
+        high, low, kind, flags, stream_id = unpack(buf, offset)
+        length = (high << 16) | low
         if length > max_length:
             raise FrameSizeError(f"frame of {length} bytes")
         end = offset + 9 + length
         if end > size:
             return
-        stream_id = int.from_bytes(buf[offset + 5:offset + 9], "big") & 0x7FFFFFFF
-        yield buf[offset + 3], buf[offset + 4], stream_id, bytes(buf[offset + 9:end]), end
+        yield kind, flags, stream_id & 0x7FFFFFFF, bytes(buf[offset + 9:end]), end
         offset = end
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     n = len(payload)
-    return _HEADER.pack(n >> 16, n & 0xFFFF, kind, flags, stream_id) + payload
+    return HEADER.pack(n >> 16, n & 0xFFFF, kind, flags, stream_id) + payload
 
 
 def frame_header(kind: int, flags: int, stream_id: int, length: int) -> bytes:
-    return _HEADER.pack(length >> 16, length & 0xFFFF, kind, flags, stream_id)
+    return HEADER.pack(length >> 16, length & 0xFFFF, kind, flags, stream_id)
 
 
 def settings_frame(values: dict[int, int]) -> bytes:

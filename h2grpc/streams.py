@@ -23,12 +23,18 @@ class State(enum.Enum):
     HALF_CLOSED_LOCAL = "half-closed (local)"  # we have sent END_STREAM
     CLOSED = "closed"
 
+    # Members are singletons compared by identity: hashed by it too, in C (Enum's own
+    # __hash__ is a Python call, and every DATA frame's state is looked up in a set).
+    __hash__ = object.__hash__
+
 
 class Input(enum.Enum):
     RECV_HEADERS = "recv HEADERS"
     RECV_END_STREAM = "recv END_STREAM"
     SEND_END_STREAM = "send END_STREAM"
     RESET = "send or recv RST_STREAM"
+
+    __hash__ = object.__hash__
 
 
 _TRANSITIONS: dict[tuple[State, Input], State] = {
@@ -47,6 +53,8 @@ _TRANSITIONS: dict[tuple[State, Input], State] = {
 # §5.1: DATA and trailers may arrive while the client's side is open; after its
 # END_STREAM they are a stream error STREAM_CLOSED.
 RECEIVES = frozenset({State.OPEN, State.HALF_CLOSED_LOCAL})
+# Looked up once: an enum member read off its class costs a Python-level lookup.
+_CLOSED = State.CLOSED
 # We may send DATA and trailers while our side is open.
 SENDS = frozenset({State.OPEN, State.HALF_CLOSED_REMOTE})
 
@@ -116,7 +124,7 @@ class H2Stream:
 
     @property
     def closed(self) -> bool:
-        return self.state is State.CLOSED
+        return self.state is _CLOSED
 
     def __repr__(self) -> str:
         return f"<H2Stream {self.id} {self.state.value}>"

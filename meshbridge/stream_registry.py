@@ -94,15 +94,17 @@ class StreamInfo:
             self.pending_since = 0.0
 
     def sent(self, type_name: str, version: str, nonce: str, size: int) -> None:
-        st = self.state(type_name)
+        # Per message: the state is there after the first (a call less than state()).
+        st = self.types.get(type_name) or self.state(type_name)
         st.last_sent_version, st.last_sent_nonce, st.last_sent_at = version, nonce, time.time()
         self.messages_sent += 1
         self.bytes_sent += size
 
     def acked(self, type_name: str, version: str) -> None:
-        st = self.state(type_name)
+        st = self.types.get(type_name) or self.state(type_name)
         st.last_ack_version, st.last_ack_at = version, time.time()
-        self.converged()
+        if self.pending_since:
+            self.converged()
 
     def nacked(self, type_name: str, error: str) -> None:
         st = self.state(type_name)
@@ -210,6 +212,19 @@ class StreamRegistry:
         histogram), for another process's pages."""
         return [dataclasses.replace(s, types=dict(s.types), convergence=None)
                 for s in self._streams.values()]
+
+    def synced(self) -> dict[str, tuple[int, int]]:
+        """Per protocol: (streams open, streams whose every type sent is ACKed). A
+        summary another process can ask for often (a benchmark's "idle?") without
+        copying every entry as `detached` does."""
+        out: dict[str, tuple[int, int]] = {}
+        for s in self._streams.values():
+            done = bool(s.types) and all(
+                st.last_sent_version and st.sync_state(s.acks) in (SYNCED, SENT)
+                for st in s.types.values())
+            n, k = out.get(s.protocol, (0, 0))
+            out[s.protocol] = (n + 1, k + done)
+        return out
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

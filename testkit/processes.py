@@ -133,7 +133,8 @@ class Child:
         try:
             await asyncio.wait_for(self.proc.wait(), timeout)
         except TimeoutError:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                self.proc.kill()
             await self.proc.wait()
 
 

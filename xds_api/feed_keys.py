@@ -18,6 +18,8 @@ The first message of a feed is its snapshot: until it comes the feed is pending.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from xds_api import resource_types as rt
@@ -36,8 +38,23 @@ Shape = tuple[Any, ...]
 FeedKey = tuple[str, str, Shape]  # (type URL, name or `*`, shape)
 
 
+def _shape_getter(fields: tuple[str, ...]) -> Callable[[Subscription], Shape]:
+    if not fields:
+        return lambda sub: ()
+    if len(fields) == 1:
+        (name,) = fields
+        return lambda sub: (getattr(sub, name),)
+    getter: Callable[[Subscription], Shape] = attrgetter(*fields)  # a tuple for 2+
+    return getter
+
+
+# One getter per type: a worker's write path reads a stream's shape per stream per
+# change (mirror._MirrorType.resource), where a generator over the fields cost ~5%.
+_SHAPES = {t: _shape_getter(fields) for t, fields in SHAPE_FIELDS.items()}
+
+
 def shape_of(sub: Subscription) -> Shape:
-    return tuple(getattr(sub, field) for field in SHAPE_FIELDS[sub.type_url])
+    return _SHAPES[sub.type_url](sub)
 
 
 def subscription_for(type_url: str, shape: Shape) -> Subscription:

@@ -614,16 +614,6 @@ class StreamRunner:
         """The call ended from outside: the client is done, or gone."""
         self.close()
 
-    def __call__(self, raw: bytes) -> bool:
-        """A request of a detached stream, in the server's callback."""
-        try:
-            return self.receive(raw)
-        except StreamError as e:
-            log.info("xds stream refused", node=self.stream.node_id, peer=self.stream.peer,
-                     reason=str(e))
-            self._end_detached(*status_of(e))
-            return True
-
     def _end_detached(self, code: grpc.StatusCode = grpc.StatusCode.OK,
                       details: str = "") -> None:
         self.close()
@@ -682,19 +672,34 @@ class StreamRunner:
 
     def receive(self, raw: bytes) -> bool:
         """One request, decoded and applied; True when the stream reads no more
-        (shutting down, and the client has answered everything)."""
+        (shutting down, and the client has answered everything). A request that
+        breaks the protocol raises StreamError to the handler's task, or, on a
+        detached stream, ends it here."""
         stream = self.stream
         known = self._acks.get(raw)  # a request seen before, as ack_key has it
-        if known is None or not stream.take_ack(known):
+        if known is not None and stream.take_ack(known):
+            return self._ending and not stream.awaiting_answer()
+        try:
             req = decode(self._message, raw, self.service.metrics)
             stream.handle(req)
-            if known is None and len(raw) <= MAX_ACK_BYTES:
-                key = stream.ack_key(req)
-                if key is not None:
-                    if len(self._acks) >= MAX_ACKS_KEPT:
-                        self._acks.clear()
-                    self._acks[raw] = key
+        except StreamError as e:
+            if not self._detached:
+                raise
+            log.info("xds stream refused", node=stream.node_id, peer=stream.peer,
+                     reason=str(e))
+            self._end_detached(*status_of(e))
+            return True
+        if known is None and len(raw) <= MAX_ACK_BYTES:
+            key = stream.ack_key(req)
+            if key is not None:
+                if len(self._acks) >= MAX_ACKS_KEPT:
+                    self._acks.clear()
+                self._acks[raw] = key
         return self._ending and not stream.awaiting_answer()
+
+    # A detached stream's requests come in the server's callback (one call less per
+    # ACK than a method around `receive`).
+    __call__ = receive
 
     async def _flush(self, due: list[bytes] | None = None) -> None:
         """Write what is due (`due`, then whatever is) until nothing is; responses are

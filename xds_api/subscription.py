@@ -73,11 +73,13 @@ class HeldVersions(dict[str, str]):
         self.update(items)
 
     def __setitem__(self, name: str, version: str) -> None:
+        # Once per response per stream: a version parsed before is one dict lookup
+        # (a marker's term, 0, is worked out again: they are rare).
         old = dict.get(self, name)
         if old is not None:
-            self.total -= _term(old)
+            self.total -= _TERMS.get(old) or _term(old)
         dict.__setitem__(self, name, version)
-        self.total += _term(version)
+        self.total += _TERMS.get(version) or _term(version)
 
     def __delitem__(self, name: str) -> None:
         self.total -= _term(dict.__getitem__(self, name))

@@ -34,7 +34,7 @@ import structlog
 
 from bridge.model import MeshConfig
 from h2grpc.server import Server as NativeServer
-from meshbridge import eventloop, h2metrics
+from meshbridge import eventloop, gctune, h2metrics
 from meshbridge.host import Layer
 from meshbridge.limits import Limits
 from meshbridge.log import configure_logging
@@ -126,6 +126,11 @@ def run(spec: WorkerSpec, sock: socket.socket) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.logging is not None:
         configure_logging(*spec.logging)
+    # As the one process does once synced (meshbridge.gctune): what the imports built
+    # is frozen and the collector's thresholds raised, so that thousands of streams'
+    # objects are not traversed again and again as they come and change. A worker has
+    # no initial sync of its own: it is settled from its start.
+    gctune.settle_heap()
     _, fds, _, _ = socket.recv_fds(sock, 16, 1)
     counts = SharedCounts(spec.workers, fds[0])
     code = eventloop.run(_serve(spec, sock, counts), spec.event_loop)
@@ -149,6 +154,7 @@ async def _serve(spec: WorkerSpec, sock: socket.socket, counts: SharedCounts) ->
     loop.add_signal_handler(signal.SIGTERM, lambda: stop(1.0))
     link.on_call("metrics", lambda: list(host.metrics.collect()))
     link.on_call("streams", host.streams.detached)
+    link.on_call("streams.synced", host.streams.synced)
     link.on_call("stats", lambda: {"cpu": time.process_time(), "pid": os.getpid()})
 
     limits = spec.limits

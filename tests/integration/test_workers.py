@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from testkit.fleet import MODELS, Fleet
 from testkit.net import free_port, http_text, ready
 from testkit.polling import HANG, eventually, eventually_sync
 from testkit.processes import children, running, stop
 from tests.integration.xds_helpers import DEMO, Manifests
-from tests.reliability.support import MODELS, Fleet
 
 CATALOG = "catalog.shop.svc.cluster.local:80"
 CORES = len(os.sched_getaffinity(0))  # this machine and CI's have 2
@@ -218,3 +218,44 @@ def test_a_port_the_workers_cannot_bind_fails_the_start_in_one_line(demo_dir: Pa
     assert errors[0]["event"] == f"--listen 127.0.0.1:{port}: cannot listen: " \
                                  "Address already in use"
     assert not any(x.get("event") == "serving" for x in lines)
+
+
+async def test_a_worker_that_cannot_bind_after_the_watcher_has_fails_the_start_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The watcher holds its port and worker 0 binds it beside it; worker 1 is steered
+    # to a port taken without SO_REUSEPORT, so its own bind, in its own process,
+    # fails after the watcher's has succeeded (as a worker's bind failing for any
+    # reason would). The start must fail naming worker 1, and leave nothing serving.
+    from meshbridge.workers import watcher
+    from meshbridge.workers.pool import WorkerFailed, WorkerPool
+    from testkit.serving import StaticSource, loopback_app
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        taken_at = f"127.0.0.1:{taken.getsockname()[1]}"
+
+        class SteeredPool(WorkerPool):
+            def __init__(self, count: int, listen: str, spec: Any, registry: Any) -> None:
+                super().__init__(count, listen,
+                                 lambda i, at: spec(i, taken_at if i == 1 else at), registry)
+
+        monkeypatch.setattr(watcher, "WorkerPool", SteeredPool)
+        app = loopback_app(StaticSource([]), workers=2)
+        with pytest.raises(WorkerFailed) as failed:
+            await app.start()
+        pool = app.watcher.pool if app.watcher is not None else None
+        assert pool is not None
+        port, workers = pool.port, [w.process for w in pool._workers]
+        await app.stop(0)
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"worker 1: cannot listen on {taken_at}: "), message
+    assert "Address already in use" in message, message
+    # Not half started: no worker process is left, and the port takes no connection.
+    assert all(w is not None and not w.is_alive() for w in workers)
+
+    def refused() -> bool:
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) != 0
+    await eventually(refused, HANG, f"port {port} still takes connections")

@@ -1,7 +1,7 @@
 """The soak test's clients, in a process of their own so that the server's memory is
 the server's alone: `python -m tests.reliability.soak_clients SERVER COUNT SERVICES`.
 
-A fleet of mixed followers (tests/reliability/support.py); every second a few of them
+A fleet of mixed followers (testkit/fleet.py); every second a few of them
 drop their connection's stream and open a new one, as restarting proxies do. Commands
 on stdin, answers on stdout (JSON lines): `report` -> every follower's target and
 state; end of input -> stop."""
@@ -13,8 +13,9 @@ import json
 import random
 import sys
 
+from testkit.fleet import Fleet, Follower
 from testkit.processes import commands, out_line
-from tests.reliability.support import Fleet, Follower, sim_cluster, target
+from tests.reliability.support import sim_cluster, target
 
 
 async def main(server: str, count: int, services: int) -> int:

@@ -11,10 +11,11 @@ import signal
 import sys
 from pathlib import Path
 
+from testkit.fleet import Fleet
 from testkit.net import free_port
 from testkit.polling import HANG, eventually
 from testkit.serving import serve_objects
-from tests.reliability.support import Fleet, sim_cluster, target
+from tests.reliability.support import sim_cluster, target
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,10 +20,10 @@ from itertools import islice
 from pathlib import Path
 
 from bridge.sources.sim import Churn, ClusterShape, Scenario, SimCluster
+from testkit.fleet import truth
 from testkit.polling import eventually
 from testkit.processes import REPO, Child, pid_rss_kib, rss_kib
 from testkit.serving import serve_objects, worker_pids
-from tests.reliability.support import truth
 
 RATE = 40.0  # changes per second, at most
 CHANGES = int(os.environ.get("MESHBRIDGE_SOAK_CHANGES")

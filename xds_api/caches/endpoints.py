@@ -30,7 +30,8 @@ encoded CLA (no lookup of the View, no check of whether it is current).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Protocol, TypeVar
 
 from bridge.authority import view_authority
@@ -162,7 +163,9 @@ class EndpointWatch:
             return None if sub.delta else self.cache.empty_cla(self.name)
         if sub.delta and not view.exists:
             return None  # §2.1: deleted (or not created yet) is not "no endpoints"
-        return state.leds_cla() if self.cache.uses_leds(sub, view) else state.cla()
+        # SotW never gets LEDS (§7): not asked, per stream.
+        return state.leds_cla() if sub.delta and self.cache.uses_leds(sub, view) \
+            else state.cla()
 
 
 class ClaState:
@@ -197,6 +200,10 @@ class ClaState:
                                         lambda locality: leds_collection(name, locality))
             self._leds_cla = self._cache.counted(encode_resource(rt.ENDPOINT, name, body))
         return self._leds_cla
+
+
+# A subscription that watches nothing here (no dict made per look-up).
+_NO_WATCHES: Mapping[str, EndpointWatch] = MappingProxyType({})
 
 
 class EndpointCache:
@@ -246,7 +253,7 @@ class EndpointCache:
         return self.cla_of(view)
 
     def resource(self, sub: Subscription, name: str) -> EncodedResource | None:
-        watch = self._watches.get(sub, {}).get(name)
+        watch = self._watches.get(sub, _NO_WATCHES).get(name)
         if watch is None:
             return self.get(name, sub.node_name, delta=sub.delta)
         return watch.resource()

@@ -158,8 +158,10 @@ def sotw_reply(cache: ReplySource, sub: Subscription) -> Reply | None:
     # §1.6: EDS/RDS responses carry only what changed or was newly asked for.
     due = []
     dirty = sub.dirty
+    names: Iterable[str]
     if len(dirty) == 1:  # one change to one name: the fan-out's usual case
-        names = [name for name in dirty if name in sub.names]
+        (name,) = dirty
+        names = (name,) if name in sub.names else ()
     else:
         names = sorted(dirty & sub.names)
     for name in names:
@@ -168,7 +170,23 @@ def sotw_reply(cache: ReplySource, sub: Subscription) -> Reply | None:
             due.append(res)
     if not due and not sub.must_reply:
         return None
+    if len(due) == 1:
+        return _reply_of_one(t, due[0])
     return Reply(t, tuple(due))
+
+
+# The last one-resource reply made: a fan-out's thousands of streams due the same
+# resource share it (a frozen dataclass costs more to build than to look up).
+_LAST_ONE: list[tuple[EncodedResource, Reply]] = []
+
+
+def _reply_of_one(type_url: str, res: EncodedResource) -> Reply:
+    last = _LAST_ONE
+    if last and last[0][0] is res and last[0][1].type_url == type_url:
+        return last[0][1]
+    reply = Reply(type_url, (res,))
+    last[:] = [(res, reply)]
+    return reply
 
 
 def delta_reply(cache: ReplySource, sub: Subscription) -> Reply | None:
