@@ -165,31 +165,43 @@ def as_labels(raw: Any, kind: str, name: str, path: str,
     return out
 
 
-# Values shared between objects: the pods of one workload have equal labels, owners
-# and containers, and thousands of them are cached at once, so each equal value is
-# kept once (a 10,000-pod cache otherwise holds 10,000 copies of each). Safe because
-# decoded values are never changed. Bounded: past the limit it starts again (what
-# was shared stays shared).
-_SHARED: dict[Any, Any] = {}
-SHARED_LIMIT = 100_000
 _T = TypeVar("_T")
 
 
-def shared(value: _T, key: Any = None) -> _T:
-    """The value equal to `value` (or kept under `key`) decoded before, else `value`."""
-    k = value if key is None else key
-    found = _SHARED.get(k)
-    if found is not None:
-        return cast(_T, found)
-    if len(_SHARED) >= SHARED_LIMIT:
-        _SHARED.clear()
-    _SHARED[k] = value
-    return value
+class Interner:
+    """A bounded table of equal immutable values, each kept once: `share(value)` gives
+    the equal value shared before, else keeps and gives `value`. Past `limit` entries
+    it starts again (what was shared stays shared)."""
+
+    __slots__ = ("_known", "_limit")
+
+    def __init__(self, limit: int) -> None:
+        self._known: dict[Any, Any] = {}
+        self._limit = limit
+
+    def share(self, value: _T, key: Any = None) -> _T:
+        """The value equal to `value` (or kept under `key`) shared before, else `value`."""
+        k = value if key is None else key
+        found = self._known.get(k)
+        if found is not None:
+            return cast(_T, found)
+        if len(self._known) >= self._limit:
+            self._known.clear()
+        self._known[k] = value
+        return value
+
+    def lookup(self, key: Any) -> Any:
+        """What is kept under `key`, if anything."""
+        return self._known.get(key)
 
 
-def shared_lookup(key: Any) -> Any:
-    """What `shared` keeps under `key`, if anything."""
-    return _SHARED.get(key)
+# Values shared between objects: the pods of one workload have equal labels, owners
+# and containers, and thousands of them are cached at once, so each equal value is
+# kept once (a 10,000-pod cache otherwise holds 10,000 copies of each). Safe because
+# decoded values are never changed.
+_DECODED = Interner(100_000)
+shared = _DECODED.share
+shared_lookup = _DECODED.lookup
 
 
 def shared_map(m: dict[str, str]) -> dict[str, str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import prometheus_client
 
+from bridge.decoding import Interner
 from meshbridge.loopmetrics import LoopHistogram
 
 # Change-to-convergence: from the View version a client must learn to the moment it is
@@ -60,22 +61,9 @@ class TypeState:
 
 
 # Subscribed-name tuples by value: thousands of streams subscribed to the same few
-# names keep one tuple (small ones only; bounded, cleared when full).
-_SUBSCRIBED: dict[tuple[str, ...], tuple[str, ...]] = {}
-_MAX_SUBSCRIBED = 4096
+# names keep one tuple (small ones only).
+_SUBSCRIBED = Interner(4096)
 _SHARED_SUBSCRIBED = 16
-
-
-def shared_subscribed(names: tuple[str, ...]) -> tuple[str, ...]:
-    """`names`, as the one tuple every stream subscribed to the same (if small)."""
-    if len(names) > _SHARED_SUBSCRIBED:
-        return names
-    known = _SUBSCRIBED.get(names)
-    if known is None:
-        if len(_SUBSCRIBED) >= _MAX_SUBSCRIBED:
-            _SUBSCRIBED.clear()
-        known = _SUBSCRIBED[names] = names
-    return known
 
 
 @dataclass(slots=True)
@@ -126,7 +114,8 @@ class StreamInfo:
 
     def subscribe(self, type_name: str, names: tuple[str, ...]) -> None:
         """What the stream is now subscribed to of this type (or target)."""
-        self.state(type_name).subscribed = shared_subscribed(names)
+        self.state(type_name).subscribed = (
+            names if len(names) > _SHARED_SUBSCRIBED else _SUBSCRIBED.share(names))
 
     def copy(self) -> StreamInfo:
         """A copy without what ties it to this process (its histogram), for another

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from bridge.decoding import Interner
 from xds_api import resource_types as rt
 
 # A `sent` value meaning "the client was told this resource does not exist" (delta
@@ -181,22 +182,14 @@ _NOT_SYNCED: dict[str, tuple[object, int]] = {}
 
 
 # SotW name sets by value: thousands of streams naming the same few resources keep
-# one frozen set (small sets only; bounded, cleared when full).
-_NAME_SETS: dict[frozenset[str], frozenset[str]] = {}
-_MAX_NAME_SETS = 4096
+# one frozen set (small sets only).
+_NAME_SETS = Interner(4096)
 _SHARED_SET_SIZE = 16
 
 
 def _shared_names(names: set[str]) -> frozenset[str]:
     frozen = frozenset(names)
-    if len(frozen) > _SHARED_SET_SIZE:
-        return frozen
-    known = _NAME_SETS.get(frozen)
-    if known is None:
-        if len(_NAME_SETS) >= _MAX_NAME_SETS:
-            _NAME_SETS.clear()
-        known = _NAME_SETS[frozen] = frozen
-    return known
+    return frozen if len(frozen) > _SHARED_SET_SIZE else _NAME_SETS.share(frozen)
 
 
 @dataclass(frozen=True, slots=True)

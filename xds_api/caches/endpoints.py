@@ -245,7 +245,6 @@ class ClaState:
         return self._leds_cla
 
 
-
 class EndpointCache:
     type_url = rt.ENDPOINT
     full_state = False
