@@ -538,14 +538,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile the server during the runs (pyinstrument) into FILE")
     p.add_argument("--trace-memory", action="store_true",
                    help="also measure the Python heap per stream (tracemalloc; slower)")
-    p.add_argument("--clients", choices=("lean", "go", "decoding", "grpcio"), default="lean",
-                   help="the client streams: bench/h2client.py's callbacks, each SotW "
-                        "response checked (decoded once per change, compared by bytes "
-                        "after) and ACKed with a prebuilt ACK (lean, the default); the "
-                        "same check and ACKs compiled (go: bench/sotw_client, SotW only, "
-                        "built by scripts/bench_go.sh); the same callbacks decoding and "
-                        "re-encoding every message (decoding, the client until "
-                        "2026-12-02); or one grpc.aio call and task per stream (grpcio)")
+    p.add_argument("--clients", choices=("go", "lean", "decoding", "grpcio"),
+                   help="the client streams: SotW's check (the first response of a change "
+                        "decoded in full, the others compared by their bytes) and ACKs, "
+                        "compiled (go: bench/sotw_client, built by scripts/bench_go.sh; "
+                        "the default for SotW, which it alone speaks); the same in "
+                        "bench/h2client.py's Python callbacks (lean, the default for Get "
+                        "and delta, which it decodes in full); the same callbacks "
+                        "decoding and re-encoding every message (decoding, the client "
+                        "until 2026-12-02); or one grpc.aio call and task per stream "
+                        "(grpcio)")
     p.add_argument("--corrupt-run", type=int, default=0, metavar="N",
                    help="(proof of the check) one SotW stream is handed run N-1's message "
                         "in place of run N's: the run must fail")
@@ -559,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--go-binary", help=argparse.SUPPRESS)  # the parent built it
     args = p.parse_args(argv)
+    if args.clients is None:
+        args.clients = "go" if args.protocol == "sotw" else "lean"
     if args.clients == "go" and args.protocol != "sotw":
         p.error("--clients go speaks SotW only")
     if args.client and args.clients == "go":
