@@ -14,12 +14,13 @@ from bench.meshed_cluster import (
     Shape,
     count_mismatches,
     expected_counts,
-    last_place,
+    place_of,
     pod_body,
     pod_mismatches,
     pod_name,
     pod_places,
     pod_status,
+    sample_places,
 )
 
 SMALL = Shape(pods=45, pods_per_service=20, nodes=4, namespaces=2)
@@ -66,14 +67,21 @@ def stored_pod(shape: Shape, place: PodPlace) -> dict[str, object]:
     return {**pod_body(shape, place, "uid"), **pod_status(place)}
 
 
-def test_the_last_pod_read_back_tells_a_shape_with_the_same_counts_apart() -> None:
-    last = last_place(SMALL)
+def test_the_pods_read_back_are_the_middle_and_the_last_never_the_first() -> None:
+    places = list(pod_places(SMALL))
+    assert sample_places(SMALL) == [places[22], places[44]]
+    assert sample_places(Shape(pods=2)) == [place_of(Shape(pods=2), 1)]
+    assert sample_places(Shape(pods=1)) == []
+
+
+def test_a_pod_read_back_tells_a_shape_with_the_same_counts_apart() -> None:
+    last = place_of(SMALL, 44)
     assert last == list(pod_places(SMALL))[-1]
     assert pod_mismatches(SMALL, last, stored_pod(SMALL, last)) == []
     # Eight nodes instead of four: every count but the Nodes' is the same, and the
     # pod's node differs.
     other = Shape(pods=45, pods_per_service=20, nodes=8, namespaces=2)
-    problems = pod_mismatches(SMALL, last, stored_pod(other, last_place(other)))
+    problems = pod_mismatches(SMALL, last, stored_pod(other, place_of(other, 44)))
     assert problems == [f"pod {pod_name(last)}: node 'node-004', expected 'node-000'"]
     assert pod_mismatches(SMALL, last, None) == [f"pod {pod_name(last)}: missing"]
 
