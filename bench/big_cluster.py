@@ -152,8 +152,8 @@ def stream_pods(api: Any, deadline_s: float = 1800.0,
     started = time.monotonic()
     failures: list[str] = []
     while True:
+        waited = time.monotonic() - started  # until this try began
         outcome = _stream_pods_once(api)
-        waited = time.monotonic() - started
         if isinstance(outcome, dict):
             return {**outcome, "waited_s": waited, "failed_tries": len(failures),
                     "failures": failure_summary(failures)}
