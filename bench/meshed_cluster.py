@@ -500,16 +500,26 @@ def expected_counts(shape: Shape) -> dict[str, int]:
     out: dict[str, int] = {"/registry/minions/": shape.nodes}
     for i in range(shape.namespaces):
         out[f"/registry/namespaces/mesh-{i}"] = 1
-        for kind in ("pods", "replicasets", "services/specs", "endpointslices"):
-            out[f"/registry/{kind}/mesh-{i}/"] = 0
+        for kind in STORED_UNDER:
+            out[registry_prefix(kind, f"mesh-{i}")] = 0
     for s in range(shape.services):
         ns = namespace_of(shape, s)
         pods = min(shape.pods_per_service, shape.pods - s * shape.pods_per_service)
-        out[f"/registry/pods/{ns}/"] += pods
-        out[f"/registry/replicasets/{ns}/"] += 1
-        out[f"/registry/services/specs/{ns}/"] += 1
-        out[f"/registry/endpointslices/{ns}/"] += -(-pods // SLICE_SIZE)
+        out[registry_prefix("pods", ns)] += pods
+        out[registry_prefix("replicasets", ns)] += 1
+        out[registry_prefix("services", ns)] += 1
+        out[registry_prefix("endpointslices", ns)] += -(-pods // SLICE_SIZE)
     return out
+
+
+# Where the API server keeps each namespaced kind the fill writes, under /registry/
+# (a Service's object sits one level deeper, beside what were its Endpoints).
+STORED_UNDER = {"pods": ("pods",), "replicasets": ("replicasets",),
+                "services": ("services", "specs"), "endpointslices": ("endpointslices",)}
+
+
+def registry_prefix(kind: str, namespace: str) -> str:
+    return "/".join(("", "registry", *STORED_UNDER[kind], namespace, ""))
 
 
 def count_mismatches(expected: dict[str, int], found: dict[str, int]) -> list[str]:

@@ -20,6 +20,7 @@ from bench.meshed_cluster import (
     pod_name,
     pod_places,
     pod_status,
+    registry_prefix,
     sample_places,
 )
 
@@ -32,11 +33,18 @@ def test_expected_counts_follow_the_services_round_robin_over_namespaces() -> No
     assert counts["/registry/pods/mesh-0/"] == 25
     assert counts["/registry/pods/mesh-1/"] == 20
     assert counts["/registry/replicasets/mesh-0/"] == 2
-    assert counts["/registry/services/specs/mesh-1/"] == 1
+    assert counts[registry_prefix("services", "mesh-1")] == 1
     assert counts["/registry/endpointslices/mesh-0/"] == 2
     assert counts["/registry/minions/"] == 4
     assert counts["/registry/namespaces/mesh-1"] == 1
     assert "/registry/namespaces/mesh-2" not in counts
+
+
+def test_registry_prefixes_are_where_the_api_server_stores_the_kinds() -> None:
+    assert registry_prefix("pods", "mesh-3") == "/registry/pods/mesh-3/"
+    assert registry_prefix("endpointslices", "a") == "/registry/endpointslices/a/"
+    assert registry_prefix("services", "a").startswith("/registry/services/")
+    assert registry_prefix("services", "a").endswith("/a/")
 
 
 def test_a_service_of_more_pods_than_a_slice_holds_has_several_slices() -> None:
