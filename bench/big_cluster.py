@@ -126,9 +126,11 @@ def proc_kib(pid: int, field: str) -> int:
 
 
 def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (every thread) so far."""
+    """User + system CPU seconds of a process (every thread) so far, and of its
+    children that have ended (meshbridge's Pod relay ends once the Pods' state is in,
+    before /ready: its CPU counts)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def ready(admin: int) -> bool:
