@@ -228,6 +228,10 @@ class FeedHub(Protocol):
         """Call `attach(link)` for every worker's link, now and as workers (re)start;
         a link's `on_closed` says when its worker is gone."""
 
+    async def ask(self, kind: str, *arguments: Any, timeout: float = 1.0) -> list[Any]:
+        """Every live worker's answer to the call `kind(*arguments)` (one that does
+        not answer within `timeout` is left out)."""
+
 
 class WorkerHost(Protocol):
     """What a layer's worker side is given: no Cluster and no Views, the link to the
@@ -240,6 +244,9 @@ class WorkerHost(Protocol):
 
     @property
     def limits(self) -> Limits: ...
+
+    @property
+    def debug_access(self) -> DebugAccess: ...
 
     def options_for(self, kind: type[T]) -> T:
         """This layer's options; `kind()` when none were given."""

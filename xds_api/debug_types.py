@@ -18,6 +18,10 @@ pages would be (`--debug-access`, and a client certificate when `--client-ca` is
 set: `meshbridge.debug_access`); elsewhere the stream ends with PERMISSION_DENIED
 naming the type. Clients that ask only for debug types (istioctl, `meshbridge
 status`) are not proxies and are left out of syncz, as istiod leaves them out.
+
+With `--workers N` a worker holds only its share of the streams: it answers with every
+process's (`GatheredDebugTypes`, the watcher adding them up with `merged`;
+docs/workers.md).
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import socket
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Final, Protocol
 
 from envoy.admin.v3 import config_dump_shared_pb2 as dump_pb2
 from envoy.config.core.v3 import base_pb2
@@ -44,9 +48,16 @@ from meshbridge.host import (
     StreamRegistry,
 )
 from xds_api import resource_types as rt
-from xds_api.cache import ResourceCache
 from xds_api.stream import DEBUG_TYPE, DebugReply, Forbidden, XdsStream
 from xds_api.subscription import ABSENT, RESEND
+
+
+class HeldResources(Protocol):
+    """Where a config dump finds the resources a stream holds: the resource cache,
+    or a worker's mirror of it."""
+
+    def cache_of(self, type_url: str) -> Any: ...
+
 
 SYNCZ: Final = DEBUG_TYPE + "/syncz"
 CONFIG_DUMP: Final = DEBUG_TYPE + "/config_dump"
@@ -107,7 +118,7 @@ class DebugTypes:
     the xDS streams' own state."""
 
     def __init__(self, streams: StreamRegistry, xds_streams: Callable[[], Iterable[XdsStream]],
-                 cache: ResourceCache, *, access: DebugAccess, cluster_id: str) -> None:
+                 cache: HeldResources, *, access: DebugAccess, cluster_id: str) -> None:
         self.streams = streams
         self.xds_streams = xds_streams
         self.cache = cache
@@ -121,6 +132,10 @@ class DebugTypes:
         return self if reason is None else Refusal(reason, self.control_plane)
 
     def answer(self, stream: XdsStream, type_url: str, names: Sequence[str]) -> DebugReply:
+        return self.reply(type_url, names)
+
+    def reply(self, type_url: str, names: Sequence[str]) -> DebugReply:
+        """The answer from this process's streams."""
         if type_url == SYNCZ:
             return self.syncz(), ""
         if type_url == CONFIG_DUMP:
@@ -252,6 +267,43 @@ class DebugTypes:
     def _version(stream: XdsStream, type_url: str) -> str:
         sub = stream.subs.get(type_url)
         return sub.version_sent if sub is not None else ""
+
+
+def merged(type_url: str, replies: Sequence[DebugReply]) -> DebugReply:
+    """Several processes' answers as one (`--workers N`, docs/workers.md): syncz lists
+    every process's streams; a config dump is the one process's that has the proxy
+    (or, when none has, the first's reason)."""
+    if not replies:
+        return (), f"{type_url}: no process answered"
+    if type_url == SYNCZ:
+        return tuple(entry for resources, _ in replies for entry in resources), ""
+    return next((r for r in replies if r[0]), replies[0])
+
+
+class GatheredDebugTypes:
+    """A worker's debug answers (docs/workers.md): it holds only its own streams, so
+    it asks the watcher (`gather`), which adds up every process's `DebugTypes.reply`.
+    The answer is an awaitable the stream writes when it resolves."""
+
+    def __init__(self, local: DebugTypes,
+                 gather: Callable[[str, tuple[str, ...]], Awaitable[DebugReply]]) -> None:
+        self.local = local
+        self.gather = gather
+        self.control_plane = local.control_plane
+
+    def for_client(self, peer: str, certified: bool) -> GatheredDebugTypes | Refusal:
+        reason = self.local.access.grpc_refusal(peer, certified)
+        return self if reason is None else Refusal(reason, self.control_plane)
+
+    def answer(self, stream: XdsStream, type_url: str,
+               names: Sequence[str]) -> Awaitable[DebugReply]:
+        return self._gathered(type_url, tuple(names))
+
+    async def _gathered(self, type_url: str, names: tuple[str, ...]) -> DebugReply:
+        try:
+            return await self.gather(type_url, names)
+        except Exception as e:  # the watcher gone or stopping: say so, in the answer
+            return (), f"{type_url}: the other processes did not answer ({e!r})"
 
 
 def _stream_id(stream: XdsStream) -> int:

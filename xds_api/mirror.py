@@ -129,6 +129,10 @@ class MirrorCache:
         link.on("xds.all", self._all)
         link.on("xds.members", self._members)
 
+    def cache_of(self, type_url: str) -> _MirrorType | None:
+        """One type's mirrored resources (what a config dump reads)."""
+        return self._types.get(type_url)
+
     def close(self) -> None:
         for feed in self.feeds.values():
             if feed.linger is not None:

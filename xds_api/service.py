@@ -45,7 +45,7 @@ from meshbridge.host import (
 from xds_api import resource_types as rt
 from xds_api.cache import ResourceCache
 from xds_api.caches.endpoints import DEFAULT_LEDS_THRESHOLD
-from xds_api.debug_types import DebugTypes
+from xds_api.debug_types import DebugTypes, GatheredDebugTypes, merged
 from xds_api.feeds import XdsFeeds
 from xds_api.metrics import XdsMetrics
 from xds_api.mirror import MirrorCache
@@ -62,6 +62,7 @@ from xds_api.shared_responses import SharedResponses
 from xds_api.stream import (
     DEFAULT_MAX_NAMES,
     BadRequest,
+    DebugReply,
     DeltaStream,
     Forbidden,
     Resources,
@@ -196,16 +197,32 @@ def register_feeds(host: Host, hub: FeedHub) -> None:
     worker asks for (xds_api.feeds)."""
     service: XdsService = host.service("xds")
     hub.on_link(XdsFeeds(service.cache).attach)
+    debug = service.debug
+    assert isinstance(debug, DebugTypes)  # where the Views are: this process's streams
+
+    async def gather(type_url: str, names: tuple[str, ...]) -> DebugReply:
+        # A worker's debug client asks for every process's streams: the watcher's
+        # (the relayed ones) and each worker's, its own included.
+        return merged(type_url, [debug.reply(type_url, names),
+                                 *await hub.ask("xds.debug", type_url, names)])
+
+    hub.on_link(lambda link: link.on_call("xds.debug.all", gather))
 
 
 def register_worker(host: WorkerHost, server: GrpcServer) -> None:
     """A worker's side: the same streams over a mirror of the watcher's resources
     (xds_api.mirror); FetchEndpoints is relayed whole, and istiod's debug types are
-    not served on a worker (they read the watcher's streams: docs/workers.md)."""
+    answered with every process's streams, which the watcher gathers
+    (docs/workers.md)."""
     options = host.options_for(XdsOptions)
     metrics = XdsMetrics(host.metrics)
     cache = MirrorCache(host.link, metrics)
     streams = XdsStreams(cache, metrics, host.streams, host.limits, options)
+    local = DebugTypes(host.streams, lambda: [r.stream for r in streams.runners], cache,
+                       access=host.debug_access, cluster_id=options.istio_cluster_id)
+    host.link.on_call("xds.debug", local.reply)
+    streams.debug = GatheredDebugTypes(
+        local, lambda type_url, names: host.link.call("xds.debug.all", type_url, names))
     server.add_generic_rpc_handlers(streams.handlers())
     host.on_stop(streams.stop)
     host.on_stop(cache.close)
@@ -244,7 +261,7 @@ class XdsStreams:
         self.runners: set[StreamRunner] = set()
         # istiod's debug types (§9.2), where the admin port's debug pages would be;
         # None where they are not served (a worker: docs/workers.md).
-        self.debug: DebugTypes | None = None
+        self.debug: DebugTypes | GatheredDebugTypes | None = None
         # Streams with something to write, written in one callback at the end of this
         # loop turn (one change to 5,000 streams: one callback).
         self._due: list[StreamRunner] = []

@@ -13,8 +13,9 @@ reader gets the latest state once it catches up, and memory per stream stays bou
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol, cast
 
@@ -200,8 +201,15 @@ class DebugAnswers(Protocol):
     # The control_plane identifier of debug answers: istioctl reads it as JSON (§9.2).
     control_plane: str
 
-    def answer(self, stream: XdsStream, type_url: str, names: Sequence[str]) -> DebugReply:
-        """What a debug request is answered with (§9.2)."""
+    def answer(self, stream: XdsStream, type_url: str, names: Sequence[str]
+               ) -> DebugReply | Awaitable[DebugReply]:
+        """What a debug request is answered with (§9.2): now, or when the other
+        processes have added theirs (a worker's answer: docs/workers.md)."""
+
+
+# Debug answers still being gathered from the other processes (held: a task the loop
+# alone refers to may be collected before it is done).
+_GATHERING: set[asyncio.Future[DebugReply]] = set()
 
 
 # Node ids already warned about a request refused for their variant; bounded, so
@@ -491,8 +499,25 @@ class XdsStream:
             self._unknown.append(response)
             self._waker.wake()
 
+    def _answer_debug(self, reply: DebugReply | Awaitable[DebugReply],
+                      frame: Callable[[DebugReply], bytes]) -> None:
+        """Queue a debug answer (framed by `frame`); one still being gathered from
+        the other processes is queued when it comes, if the stream is still open."""
+        if isinstance(reply, tuple):
+            self._answer_unknown(frame(reply))
+            return
+        gathering = asyncio.ensure_future(reply)
+        _GATHERING.add(gathering)
+
+        def done(task: asyncio.Future[DebugReply]) -> None:
+            _GATHERING.discard(task)
+            if not task.cancelled() and task.exception() is None and not self._closed:
+                self._answer_unknown(frame(task.result()))
+
+        gathering.add_done_callback(done)
+
     def _answer_other_type(self, type_url: str, nonce: str, names: tuple[str, ...]
-                           ) -> tuple[str, DebugReply] | None:
+                           ) -> tuple[str, DebugReply | Awaitable[DebugReply]] | None:
         """A request for a type that is not served (§9.1): the nonce of its answer and
         what the answer holds (istiod's debug types, §9.2, or nothing), or None when
         it gets no answer. Answered: the first request of the type on this stream,
@@ -656,10 +681,10 @@ class SotwStream(XdsStream):
         names = tuple(dict.fromkeys(req.resource_names))
         answer = self._answer_other_type(type_url, req.response_nonce, names)
         if answer is not None:
-            nonce, (resources, version) = answer
-            self._answer_unknown(self._frame(version, (), type_url, nonce,
-                                             (body for _, body in resources),
-                                             self._control(_SOTW_CONTROL_PLANE, type_url)))
+            nonce, reply = answer
+            control = self._control(_SOTW_CONTROL_PLANE, type_url)
+            self._answer_debug(reply, lambda r: self._frame(
+                r[1], (), type_url, nonce, (body for _, body in r[0]), control))
 
     def _frame(self, version: str, resources: Iterable[EncodedResource], type_url: str,
                nonce: str, anys: Iterable[bytes] = (), control: bytes = _SOTW_CONTROL
@@ -818,11 +843,12 @@ class DeltaStream(XdsStream):
         answer = self._answer_other_type(type_url, req.response_nonce, names)
         if answer is None:
             return
-        nonce, (resources, version) = answer
+        nonce, reply = answer
         if is_debug_type(type_url):
-            self._answer_unknown(self._frame(version, (
-                wrap_resource(name, version, (body,), len(body)) for name, body in resources),
-                (), type_url, nonce, self._control(_DELTA_CONTROL_PLANE, type_url)))
+            control = self._control(_DELTA_CONTROL_PLANE, type_url)
+            self._answer_debug(reply, lambda r: self._frame(r[1], (
+                wrap_resource(name, r[1], (body,), len(body)) for name, body in r[0]),
+                (), type_url, nonce, control))
         else:
             removed = [n for n in names if n != rt.WILDCARD]
             self._answer_unknown(self._frame("", (), removed, type_url, nonce))

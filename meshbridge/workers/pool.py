@@ -255,12 +255,12 @@ class WorkerPool:
 
     # ------------------------------------------------------------ asking every worker
 
-    async def ask(self, kind: str, timeout: float = 1.0) -> list[Any]:
+    async def ask(self, kind: str, *arguments: Any, timeout: float = 1.0) -> list[Any]:
         """Every live worker's answer to `kind` (a worker that does not answer in
         `timeout` is left out)."""
         async def one(link: Link) -> Any:
             with contextlib.suppress(Exception):
-                return await asyncio.wait_for(link.call(kind), timeout)
+                return await asyncio.wait_for(link.call(kind, *arguments), timeout)
             return None
 
         answers = await asyncio.gather(*(one(link) for link in self.links()))

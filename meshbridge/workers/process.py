@@ -35,6 +35,7 @@ import structlog
 from bridge.model import MeshConfig
 from h2grpc.server import Server as NativeServer
 from meshbridge import eventloop, gctune, h2metrics
+from meshbridge.debug_access import DebugAccess
 from meshbridge.host import Layer
 from meshbridge.limits import Limits
 from meshbridge.log import configure_logging
@@ -80,6 +81,7 @@ class WorkerSpec:
     relayed: MethodTable
     event_loop: str
     logging: tuple[str, str] | None
+    debug_access: DebugAccess
 
 
 class WorkerHost:
@@ -100,6 +102,10 @@ class WorkerHost:
     @property
     def limits(self) -> Limits:
         return self._spec.limits
+
+    @property
+    def debug_access(self) -> DebugAccess:
+        return self._spec.debug_access
 
     def options_for(self, kind: type[T]) -> T:
         for value in self._spec.layer_options:

@@ -67,7 +67,7 @@ class Watcher:
         def spec(index: int, listen: str) -> WorkerSpec:
             return WorkerSpec(index, options.workers, listen, app.config, options.limits,
                               options.tls, modules, options.layer_options, relay.table,
-                              loop, logs.configured)
+                              loop, logs.configured, options.debug_access)
 
         self.pool = pool = WorkerPool(options.workers, options.listen, spec, app.metrics)
         pool.on_link(relay.attach)

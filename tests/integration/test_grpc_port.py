@@ -24,6 +24,7 @@ from meshbridge.app import App, ServeOptions, TlsFiles
 from meshbridge.host import GrpcServer, Host, Layer
 from meshbridge.limits import Limits
 from testkit.polling import HANG, eventually
+from testkit.serving import loopback_app
 
 METHOD = "/meshbridge.test.Hold/Stream"
 
@@ -199,15 +200,11 @@ async def test_the_get_and_xds_clients_speak_mtls_with_matching_flags(
 ) -> None:
     import sys
 
-    from bridge.model import MeshConfig
-    from meshbridge.layers import protocol_layers
-
     for name in ("client", "client_key"):
         (tmp_path / f"{name}.pem").write_bytes(pki[name])
     tls = TlsFiles(str(tmp_path / "server.pem"), str(tmp_path / "server_key.pem"),
                    str(tmp_path / "ca.pem"))
-    app = App(FilesSource(demo_dir), MeshConfig(),
-              ServeOptions("127.0.0.1:0", "127.0.0.1:0", tls=tls), protocol_layers())
+    app = loopback_app(FilesSource(demo_dir), tls=tls)
     await app.start()
     try:
         tls_flags = ["--server", f"localhost:{app.grpc_port}", "--ca-cert",

@@ -22,13 +22,13 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from bridge.sources.files import FilesSource
 from linkerd_api.proto import destination_pb2 as dst
-from meshbridge.app import App, ServeOptions, TlsFiles
+from meshbridge.app import App, TlsFiles
 from meshbridge.debug_access import DebugAccess
-from meshbridge.layers import protocol_layers
 from testkit import kubeapi
 from testkit.envoy import Envoy, envoy_binary
 from testkit.kubeapi import KubeAPIServer
 from testkit.polling import HANG, eventually
+from testkit.serving import loopback_app
 from tests.conftest import AppFactory
 from tests.integration.test_grpc_port import _cert, _key_pem, _pem
 from tests.integration.test_xds_proxyless import Probe, start_backends, start_probe
@@ -228,11 +228,11 @@ async def test_proxy_status_over_mtls_and_refused_where_debug_answers_are_not_se
     (tmp_path / "server-key.pem").write_bytes(_key_pem(server_key))
 
     async def serve(access: str) -> App:
-        app = App(FilesSource(demo_dir, poll_interval=0.05), options=ServeOptions(
-            "127.0.0.1:0", "127.0.0.1:0",
+        app = loopback_app(
+            FilesSource(demo_dir, poll_interval=0.05),
             tls=TlsFiles(str(tmp_path / "server.pem"), str(tmp_path / "server-key.pem"),
                          str(certs / "root-cert.pem")),
-            debug_access=DebugAccess(access, client_ca=True)), layers=protocol_layers())
+            debug_access=DebugAccess(access, client_ca=True))
         await app.start()
         return app
 

@@ -21,10 +21,10 @@ from bridge.sources.kube import KubeSource
 from bridge.sources.kube_api import load_credentials
 from linkerd_api.token_review import KubeTokenReview
 from linkerd_api.tokens import ReviewFailed
-from meshbridge.app import App, ServeOptions
-from meshbridge.layers import protocol_layers
+from meshbridge.app import App
 from testkit import kubeapi
 from testkit.kubeapi import KubeAPIServer
+from testkit.serving import loopback_app
 from tests.integration.test_linkerd_identity import certify, csr_for
 
 kube_apiserver = kubeapi.kube_apiserver  # the shared session fixture
@@ -63,8 +63,7 @@ def accounts(kube_apiserver: KubeAPIServer) -> Iterator[Accounts]:
 @pytest.fixture
 async def app(kube_apiserver: KubeAPIServer) -> AsyncIterator[App]:
     source = KubeSource(kubeconfig=str(kube_apiserver.kubeconfig_path))
-    served = App(source, MeshConfig(), ServeOptions("127.0.0.1:0", "127.0.0.1:0"),
-                 protocol_layers())
+    served = loopback_app(source, MeshConfig())
     await served.start()
     yield served
     await served.stop(0.2)

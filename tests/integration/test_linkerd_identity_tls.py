@@ -26,7 +26,7 @@ from linkerd_api.proto import identity_pb2
 from meshbridge.app import App, TlsFiles
 from testkit.linkerd import Stream
 from testkit.polling import HANG
-from testkit.serving import Apps
+from testkit.serving import Apps, serving_workers
 from tests.integration.test_linkerd_identity import CERTIFY, TOKENS, WEB, csr_for
 
 DESTINATION = "linkerd-destination.linkerd.serviceaccount.identity.linkerd.cluster.local"
@@ -44,8 +44,11 @@ def start(demo_dir: Path, tmp_path: Path, apps: Apps) -> Start:
     tokens.write_text(TOKENS)
 
     async def started(tls: TlsFiles | None = None, **identity: Any) -> App:
+        # --tls-from-identity is not served by workers yet (docs/workers.md): one process.
+        workers = 1 if identity.get("tls_from_identity") else serving_workers()
         return await apps.start(FilesSource(demo_dir, poll_interval=0.05), tls=tls,
-                                layer_options=(IdentityOptions(tokens=tokens, **identity),))
+                                layer_options=(IdentityOptions(tokens=tokens, **identity),),
+                                workers=workers)
 
     return started
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -15,9 +16,17 @@ from google.protobuf import json_format
 
 from meshbridge.debug_access import DebugAccess, peer_address
 from meshbridge.stream_registry import StreamInfo, StreamRegistry
+from testkit.polling import HANG
 from testkit.xds_model import CDS, EDS, DeltaClient, SotwClient, World, name
-from xds_api.debug_types import CONFIG_DUMP, SYNCZ, SYNCZ_METADATA, DebugTypes
-from xds_api.stream import DeltaStream, Forbidden, SotwStream, XdsStream
+from xds_api.debug_types import (
+    CONFIG_DUMP,
+    SYNCZ,
+    SYNCZ_METADATA,
+    DebugTypes,
+    GatheredDebugTypes,
+    merged,
+)
+from xds_api.stream import DebugReply, DeltaStream, Forbidden, SotwStream, XdsStream
 
 WEB = name("web")
 SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
@@ -194,3 +203,64 @@ def test_config_dump_of_a_proxy_not_connected_is_empty_and_says_why() -> None:
     istioctl.request(CONFIG_DUMP, ["nobody.app"])
     resp = istioctl.one(CONFIG_DUMP)
     assert resp.resources == [] and "'nobody.app' is not connected" in resp.version_info
+
+
+class Woken:
+    """A stream's waker that says when the stream has something to write."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def wake(self) -> None:
+        self.event.set()
+
+
+async def test_a_workers_debug_answers_hold_every_process_s_proxies() -> None:
+    # With --workers N a debug client's stream is on one worker, the proxies on any:
+    # the worker's answer is every process's, gathered as the watcher does
+    # (xds_api.service.register_feeds; docs/workers.md).
+    here, there = Debug(), Debug()
+    other = "sidecar~10.0.0.10~envoy-2.app~app.svc.cluster.local"
+    for process, node_id in ((here, ENVOY), (there, other)):
+        proxy = process.sotw(node_id=node_id)
+        proxy.request(CDS, [WEB])
+        proxy.responses()
+    asked: list[tuple[str, tuple[str, ...]]] = []
+
+    async def gather(type_url: str, names: tuple[str, ...]) -> DebugReply:
+        asked.append((type_url, names))
+        return merged(type_url, [p.types.reply(type_url, names) for p in (here, there)])
+
+    gathered = GatheredDebugTypes(here.types, gather)
+
+    async def ask(type_url: str, names: list[str]) -> discovery_pb2.DiscoveryResponse:
+        woken = Woken()
+        client = SotwClient(SotwStream(here.world.cache, waker=woken,
+                                       debug=gathered.for_client("ipv4:127.0.0.1:1", False)))
+        client.node_id = "istioctl"
+        client.request(type_url, names)
+        assert client.responses() == []  # not before every process has answered
+        await asyncio.wait_for(woken.event.wait(), HANG)
+        return client.one(type_url)
+
+    assert set(_clients(await ask(SYNCZ, []))) == {ENVOY, other}
+    dump = await ask(CONFIG_DUMP, ["envoy-2.app"])  # a proxy of the other process
+    clusters = dump_pb2.ClustersConfigDump()
+    assert dump.resources[0].Unpack(clusters) and len(clusters.dynamic_active_clusters) == 1
+    missing = await ask(CONFIG_DUMP, ["nobody.app"])
+    assert missing.resources == [] and "'nobody.app' is not connected" in missing.version_info
+    assert asked == [(SYNCZ, ()), (CONFIG_DUMP, ("envoy-2.app",)),
+                     (CONFIG_DUMP, ("nobody.app",))]
+
+
+async def test_a_workers_debug_answer_says_when_the_other_processes_did_not_answer() -> None:
+    async def gone(type_url: str, names: tuple[str, ...]) -> DebugReply:
+        raise ConnectionError("link closed")
+
+    woken = Woken()
+    client = SotwClient(SotwStream(World().cache, waker=woken, debug=GatheredDebugTypes(
+        Debug().types, gone).for_client("ipv4:127.0.0.1:1", False)))
+    client.request(SYNCZ, [])
+    await asyncio.wait_for(woken.event.wait(), HANG)
+    resp = client.one(SYNCZ)
+    assert resp.resources == [] and "did not answer" in resp.version_info
