@@ -55,6 +55,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -78,14 +79,11 @@ GET = "/io.linkerd.proxy.destination.Destination/Get"
 
 
 def runtime_python() -> Path:
-    """A Python with meshbridge installed as the image installs it: its runtime
-    dependencies only and the package built from this tree, byte-compiled (pip's
-    default; the image's too), run from outside the tree. A development venv is not
-    what a deployment runs: with `rich` installed, for one, structlog imports it; and
-    on a machine that sets PYTHONDONTWRITEBYTECODE (this one does), an uncompiled
-    install compiles every module at every start (over a second of it). The venv is
-    kept under ~/.cache/meshbridge-bench-runtime, keyed by the dependency list;
-    meshbridge itself is reinstalled from the tree on every call."""
+    """A Python with meshbridge's runtime dependencies only, as the image has them. A
+    development venv is not what a deployment runs: with `rich` installed, for one,
+    structlog imports it. The venv is kept under ~/.cache/meshbridge-bench-runtime,
+    keyed by the dependency list, and shared by every worktree; meshbridge itself is
+    not installed in it (`installed_tree`)."""
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     key = hashlib.sha256(json.dumps([sys.version_info[:2], sorted(deps)]).encode())
     venv = Path.home() / ".cache" / "meshbridge-bench-runtime" / key.hexdigest()[:16]
@@ -96,9 +94,22 @@ def runtime_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([*pip, "setuptools>=77", "wheel", *deps], check=True)
         done.touch()
-    subprocess.run([*pip, "--no-deps", "--no-build-isolation", "--force-reinstall",
-                    str(REPO)], check=True, capture_output=True)
     return python
+
+
+def installed_tree(python: Path) -> Path:
+    """meshbridge built from this tree and installed as the image installs it
+    (byte-compiled: pip's default, the image's too) into a directory of this
+    invocation's own, run from there on PYTHONPATH, outside the tree. On a machine
+    that sets PYTHONDONTWRITEBYTECODE (this one does), an uncompiled install compiles
+    every module at every start (over a second of it). Installed into the shared venv
+    instead, as before, an invocation from another worktree reinstalled its own code
+    under a running benchmark's feet."""
+    target = Path(tempfile.mkdtemp(prefix="meshbridge-installed-"))
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "--no-deps", "--no-build-isolation", "--target", str(target), str(REPO)],
+                   check=True, capture_output=True)
+    return target
 
 
 def free_port() -> int:
@@ -228,14 +239,13 @@ def _stream_pods_once(api: Any) -> dict[str, float] | str:
 
 
 async def one_run(python: Path, kubeconfig: Path, shape: Any, workdir: Path,
-                  run: int, tree: Path | None = None) -> dict[str, Any]:
-    """One start-up, of the installed meshbridge or (`tree`) of another tree's code
-    run with the same Python, which it shadows on PYTHONPATH."""
+                  run: int, tree: Path, before: bool = False) -> dict[str, Any]:
+    """One start-up of the code in `tree` (this tree's installed, or with `before`
+    another revision's), run by `python` with `tree` first on PYTHONPATH."""
     grpc_port, admin = free_port(), free_port()
-    log = workdir / f"serve-{shape.pods}-{run}{'-before' if tree else ''}.log"
+    log = workdir / f"serve-{shape.pods}-{run}{'-before' if before else ''}.log"
     env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+    env["PYTHONPATH"] = str(tree)
     with log.open("wb") as out:
         started = time.monotonic()
         proc = subprocess.Popen(
@@ -355,10 +365,12 @@ def api_server(data_dir: Path | None) -> Any:
                               "--max-mutating-requests-inflight=1000"])
 
 
-async def measure(python: Path, shape: Any, runs: int, before: Path | None = None,
+async def measure(python: Path, shape: Any, runs: int, current: Path | None = None,
+                  before: Path | None = None,
                   data_root: Path | None = None) -> dict[str, Any]:
-    """Fill (or find kept) a cluster of `shape`, then `runs` start-ups on it; with
-    `runs` 0, only the cluster is made."""
+    """Fill (or find kept) a cluster of `shape`, then `runs` start-ups of the code in
+    `current` on it (with `before`, alternated with that code's); with `runs` 0, only
+    the cluster is made."""
     data_dir = size_dir(data_root, shape) if data_root is not None else None
     kept = data_dir is not None and holds_etcd_data(data_dir)
     if data_dir is not None:
@@ -389,17 +401,20 @@ async def measure(python: Path, shape: Any, runs: int, before: Path | None = Non
                   f"load {os.getloadavg()[0]:.1f})", file=sys.stderr)
             # With --before, that code's start-up first, then this code's: alternated,
             # on the same API server, so that the two see the same machine.
-            for tree in ([before] if before else []) + [None]:
-                r = await one_run(python, api.kubeconfig_path, shape, workdir, i, tree)
+            assert current is not None
+            for tree in ([before] if before else []) + [current]:
+                is_before = tree is before
+                r = await one_run(python, api.kubeconfig_path, shape, workdir, i, tree,
+                                  is_before)
                 r["apiserver"] = floor
-                print(f"  run {i + 1}{' (before)' if tree else ''}: ready in "
+                print(f"  run {i + 1}{' (before)' if is_before else ''}: ready in "
                       f"{r['startup_s']:.2f} s ({r['cpu_ready_s']:.2f} s "
                       f"of CPU, load {r['load']:.1f}), RSS "
                       f"{r['rss_ready_mib']:.0f} MiB (peak {r['peak_ready_mib']:.0f}), "
                       f"{r['streams']} Get streams answered in "
                       f"{r['first_answers_s']:.2f} s, RSS {r['rss_streams_mib']:.0f} MiB",
                       file=sys.stderr)
-                (before_results if tree else results).append(r)
+                (before_results if is_before else results).append(r)
     return {"pods": shape.pods, "services": shape.services, "nodes": shape.nodes,
             **made, "data_dir": str(data_dir) if data_dir else None,
             "apiserver_start_s": api_start, "watch_cache": cache,
@@ -518,7 +533,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "stop, measuring nothing (a fill is minutes of load; the measuring "
                    "invocation then takes the bench lock)")
     p.add_argument("--python", help="the Python to run meshbridge with (default: a venv "
-                   "of the runtime dependencies only, made once)")
+                   "of the runtime dependencies only, made once); this tree is installed "
+                   "for it into a directory of the invocation's own")
     p.add_argument("--before", metavar="REV", help="also start the code of git revision "
                    "REV (e.g. main) in every run, alternated with this code's start-up on "
                    "the same API server: a change measured side by side")
@@ -552,9 +568,16 @@ def main(argv: list[str] | None = None) -> int:
                               ("pods", "data_dir", "kept", "fill_seconds", "objects")}))
         return 0
     python = Path(args.python) if args.python else runtime_python()
+    current = installed_tree(python)
     before = before_tree(python, args.before) if args.before else None
-    sizes = [asyncio.run(measure(python, shape, args.runs, before, args.data_dir))
-             for shape in shapes]
+    try:
+        sizes = [asyncio.run(measure(python, shape, args.runs, current, before,
+                                     args.data_dir))
+                 for shape in shapes]
+    finally:
+        for tree in (current, before):
+            if tree is not None:
+                shutil.rmtree(tree, ignore_errors=True)
     result = {"sizes": sizes, "linkerd_at_10000": LINKERD, "before": args.before}
     if args.json:
         print_json("big_cluster", rows(result), result)
