@@ -30,12 +30,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
+import subprocess
 import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -43,7 +45,7 @@ from bench.common import Profile, client_arguments, cpu_seconds, finish, parser,
 from meshbridge import eventloop, gctune
 from meshbridge.eventloop import EVENT_LOOPS, default_loop
 from testkit.polling import eventually
-from testkit.processes import Child, commands, out_line, pid_rss_kib, rss_kib
+from testkit.processes import REPO, Child, commands, out_line, pid_rss_kib, rss_kib
 
 PROTOCOLS = ("get", "sotw", "delta")
 TITLES = {"get": "Linkerd Get", "sotw": "xDS SotW EDS", "delta": "xDS delta EDS"}
@@ -290,6 +292,24 @@ async def run_lean_client(args: argparse.Namespace) -> int:
     return 0
 
 
+def go_client_binary() -> str:
+    """bench/sotw_client's executable (built from the Go module proxy and cached by
+    scripts/bench_go.sh)."""
+    out = subprocess.run(["bash", str(REPO / "scripts" / "bench_go.sh"), "sotw_client"],
+                         check=True, stdout=subprocess.PIPE, text=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def run_go_client(args: argparse.Namespace) -> NoReturn:
+    """`--clients go`: this client process becomes bench/sotw_client (same stdin and
+    stdout, same lines), so the CPU it reports is the compiled client's alone."""
+    binary = args.go_binary or go_client_binary()
+    os.execv(binary, [binary, "-server", args.server, "-target", TARGET,
+                      "-streams", str(args.streams), "-first-phase", str(args.first_phase),
+                      "-channels", str(args.channels), "-endpoints", str(args.endpoints),
+                      "-corrupt-run", str(args.corrupt_run)])
+
+
 # ---------------------------------------------------------------------- the server
 
 
@@ -365,6 +385,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.workers > 1 and args.protocol == "get":
         raise SystemExit("--workers above 1 measures the xDS protocols (their ACKs say "
                          "when every worker is idle)")
+    go_binary = go_client_binary() if args.clients == "go" else None  # built before serving
     sim = scenario(args.endpoints)
     app = await serve_objects(sim.initial_objects(), args.streams * 2 + 100,
                               workers=args.workers)
@@ -381,6 +402,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "--first-phase", str(max(1, args.streams // 5)), "--channels", str(args.channels),
             "--clients", args.clients, "--endpoints", str(args.endpoints),
             "--corrupt-run", str(args.corrupt_run),
+            *(("--go-binary", go_binary) if go_binary else ()),
             *(("--client-profile", args.client_profile) if args.client_profile else ()))
         workers = args.workers > 1
         idle: Callable[[], Any] = (settled_over_workers(app, args.protocol, 0) if workers
@@ -462,7 +484,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     p, n = result["protocol"], result["streams"]
     target = TARGET_MS[p] if n == TARGET_STREAMS else None
-    clients = {"lean": "", "decoding": ", decoding clients"}.get(
+    clients = {"lean": "", "go": ", Go clients", "decoding": ", decoding clients"}.get(
         result.get("clients", "lean"), ", grpc.aio clients")
     workers = result.get("workers", 1)
     if workers > 1:
@@ -516,13 +538,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile the server during the runs (pyinstrument) into FILE")
     p.add_argument("--trace-memory", action="store_true",
                    help="also measure the Python heap per stream (tracemalloc; slower)")
-    p.add_argument("--clients", choices=("lean", "decoding", "grpcio"), default="lean",
-                   help="the client streams: bench/h2client.py's callbacks, each SotW "
-                        "response checked (decoded once per change, compared by bytes "
-                        "after) and ACKed with a prebuilt ACK (lean, the default); the "
-                        "same callbacks decoding and re-encoding every message "
-                        "(decoding, the client until 2026-12-02); or one grpc.aio call "
-                        "and task per stream (grpcio)")
+    p.add_argument("--clients", choices=("go", "lean", "decoding", "grpcio"),
+                   help="the client streams: SotW's check (the first response of a change "
+                        "decoded in full, the others compared by their bytes) and ACKs, "
+                        "compiled (go: bench/sotw_client, built by scripts/bench_go.sh; "
+                        "the default for SotW, which it alone speaks); the same in "
+                        "bench/h2client.py's Python callbacks (lean, the default for Get "
+                        "and delta, which it decodes in full); the same callbacks "
+                        "decoding and re-encoding every message (decoding, the client "
+                        "until 2026-12-02); or one grpc.aio call and task per stream "
+                        "(grpcio)")
     p.add_argument("--corrupt-run", type=int, default=0, metavar="N",
                    help="(proof of the check) one SotW stream is handed run N-1's message "
                         "in place of run N's: the run must fail")
@@ -534,7 +559,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="the server's event loop (the client's is always asyncio's)")
     client_arguments(p)
     p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--go-binary", help=argparse.SUPPRESS)  # the parent built it
     args = p.parse_args(argv)
+    if args.clients is None:
+        args.clients = "go" if args.protocol == "sotw" else "lean"
+    if args.clients == "go" and args.protocol != "sotw":
+        p.error("--clients go speaks SotW only")
+    if args.client and args.clients == "go":
+        run_go_client(args)  # does not return: this process becomes the Go client
     if args.client:
         return asyncio.run(run_client(args) if args.clients == "grpcio"
                            else run_lean_client(args))

@@ -463,6 +463,111 @@ class Etcd:
             raise RuntimeError(f"etcd txn: HTTP {resp.status}: {resp.data[:300]!r}")
 
 
+    def _range(self, body: dict[str, Any]) -> dict[str, Any]:
+        resp = self.pool.request("POST", self.url + "/v3/kv/range",
+                                 body=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"},
+                                 timeout=urllib3.Timeout(connect=10, read=120))
+        if resp.status >= 300:
+            raise RuntimeError(f"etcd range: HTTP {resp.status}: {resp.data[:300]!r}")
+        reply: dict[str, Any] = json.loads(resp.data)
+        return reply
+
+    def count(self, prefix: str) -> int:
+        """How many keys start with `prefix` if it ends with a slash, else whether the
+        key `prefix` itself is there (1 or 0); counted by etcd, no value is sent."""
+        body = {"key": base64.b64encode(prefix.encode()).decode(), "count_only": True}
+        if prefix.endswith("/"):
+            end = prefix[:-1] + chr(ord("/") + 1)
+            body["range_end"] = base64.b64encode(end.encode()).decode()
+        return int(self._range(body).get("count", 0))
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The JSON object stored at `key`, or None."""
+        kvs = self._range({"key": base64.b64encode(key.encode()).decode()}).get("kvs")
+        if not kvs:
+            return None
+        value: dict[str, Any] = json.loads(base64.b64decode(kvs[0]["value"]))
+        return value
+
+
+def expected_counts(shape: Shape) -> dict[str, int]:
+    """How many keys `fill` leaves under each etcd prefix it writes to (a prefix ends
+    with a slash; a key without one is a single key, 1 if there): per namespace,
+    the pods, ReplicaSets, Services and EndpointSlices of its services; the Nodes; the
+    namespaces themselves. A kept cluster is of `shape` when etcd holds exactly these
+    (the API server's own objects, e.g. default/kubernetes, live elsewhere)."""
+    out: dict[str, int] = {"/registry/minions/": shape.nodes}
+    for i in range(shape.namespaces):
+        out[f"/registry/namespaces/mesh-{i}"] = 1
+        for kind in STORED_UNDER:
+            out[registry_prefix(kind, f"mesh-{i}")] = 0
+    for s in range(shape.services):
+        ns = namespace_of(shape, s)
+        pods = min(shape.pods_per_service, shape.pods - s * shape.pods_per_service)
+        out[registry_prefix("pods", ns)] += pods
+        out[registry_prefix("replicasets", ns)] += 1
+        out[registry_prefix("services", ns)] += 1
+        out[registry_prefix("endpointslices", ns)] += -(-pods // SLICE_SIZE)
+    return out
+
+
+# Where the API server keeps each namespaced kind the fill writes, under /registry/
+# (a Service's object sits one level deeper, beside what were its Endpoints).
+STORED_UNDER = {"pods": ("pods",), "replicasets": ("replicasets",),
+                "services": ("services", "specs"), "endpointslices": ("endpointslices",)}
+
+
+def registry_prefix(kind: str, namespace: str) -> str:
+    return "/".join(("", "registry", *STORED_UNDER[kind], namespace, ""))
+
+
+def count_mismatches(expected: dict[str, int], found: dict[str, int]) -> list[str]:
+    """One line per prefix whose count differs (an empty list: the counts agree)."""
+    return [f"{prefix}: {found.get(prefix, 0):,} keys, expected {n:,}"
+            for prefix, n in expected.items() if found.get(prefix, 0) != n]
+
+
+def pod_mismatches(shape: Shape, place: PodPlace, stored: dict[str, Any] | None) -> list[str]:
+    """What of the pod `fill` writes at `place` differs in `stored` (its node, address
+    and owner follow from the shape, so a cluster of another shape with the same counts
+    differs here)."""
+    if stored is None:
+        return [f"pod {pod_name(place)}: missing"]
+    want = {"node": f"node-{place.node:03d}", "ip": pod_ip(place.index),
+            "owner": f"{service_name(place.service)}-{_template_hash(place.service)}"}
+    owners = stored.get("metadata", {}).get("ownerReferences") or [{}]
+    got = {"node": stored.get("spec", {}).get("nodeName"),
+           "ip": stored.get("status", {}).get("podIP"), "owner": owners[0].get("name")}
+    return [f"pod {pod_name(place)}: {k} {got[k]!r}, expected {v!r}"
+            for k, v in want.items() if got[k] != v]
+
+
+def shape_mismatches(etcd: Etcd, shape: Shape) -> list[str]:
+    """How the cluster kept in `etcd` differs from what `fill` makes of `shape`: every
+    prefix's key count, and the middle and the last pod read back (written straight to
+    etcd as JSON; the first went through the API, which stores protobuf). Empty: the
+    same."""
+    expected = expected_counts(shape)
+    found = {prefix: etcd.count(prefix) for prefix in expected}
+    problems = count_mismatches(expected, found)
+    for place in sample_places(shape):
+        key = f"/registry/pods/{namespace_of(shape, place.service)}/{pod_name(place)}"
+        problems += pod_mismatches(shape, place, etcd.get(key))
+    return problems
+
+
+def place_of(shape: Shape, index: int) -> PodPlace:
+    return PodPlace(index, index // shape.pods_per_service,
+                    index % shape.pods_per_service, index % shape.nodes)
+
+
+def sample_places(shape: Shape) -> list[PodPlace]:
+    """The pods a shape check reads back: the middle one and the last one, never the
+    first (`fill` makes that one through the API, which stores it in protobuf)."""
+    return [place_of(shape, i) for i in sorted({shape.pods // 2, shape.pods - 1} - {0})]
+
+
 def _stored(made: dict[str, Any], body: dict[str, Any], uid: str) -> dict[str, Any]:
     """`body` as the API server would have stored it: the server-set metadata of an
     object it made (`made`: its field managers, creation time) with a uid of its own."""

@@ -114,16 +114,29 @@ def check_kube_access(creds: Credentials, endpoints_api: str) -> None:
 def open_kube_watches(kubeconfig: str | None, context: str | None, endpoints_api: str,
                       options: dict[str, Any]) -> KubeSource | None:
     """The kube source with every watch opened, if its credentials load and pass
-    `check_kube_access`; else None (serve then checks again, and reports)."""
-    from bridge.sources.kube import KubeSource
+    `check_kube_access`; else None (serve then checks again, and reports).
+
+    The Pods' watch opens first, in a relay process (bridge/sources/kube_relay.py),
+    as soon as the credentials are loaded: before the kube source's own modules are
+    imported and the access checked, so that the API server starts sending the
+    biggest state at once and is never held back by this process's GIL."""
+    from bridge.sources.kube_kinds import KINDS
+    from bridge.sources.kube_relay import RelayedWatch
 
     try:
         creds = load_kube_credentials(kubeconfig, context)
+    except StartupError:
+        return None
+    pods = RelayedWatch.initial(creds, KINDS["Pod"])
+    try:
+        from bridge.sources.kube import KubeSource
+
         check_kube_access(creds, endpoints_api)
         source = KubeSource(**{**options, "credentials": creds})
     except Exception:  # StartupError, a bad option: serve's own path says what
+        pods.release_conn()
         return None
-    source.start_watches()
+    source.start_watches({"Pod": pods})
     return source
 
 

@@ -393,7 +393,9 @@ class KubeAPIServer:
         build_timeout: float = 1800.0,
         watch_cache: bool = False,
         extra_apiserver_args: Sequence[str] = (),
+        extra_etcd_args: Sequence[str] = (),
         keep_workdir: bool = False,
+        etcd_data_dir: Path | None = None,
     ) -> None:
         """Configure (not start) the pair.
 
@@ -403,13 +405,18 @@ class KubeAPIServer:
         logic need. With ``watch_cache=True`` (as in a real cluster) the
         apiserver serves watches from its in-memory window instead and etcd
         compaction alone no longer yields 410; see :meth:`compact_etcd`.
-        ``extra_apiserver_args`` are appended to (and so override) the
-        kube-apiserver flags.
+        ``extra_apiserver_args`` (``extra_etcd_args``) are appended to (and so
+        override) the kube-apiserver (etcd) flags. ``etcd_data_dir`` keeps etcd's
+        data there instead of in the throwaway workdir, and starts on whatever it
+        already holds (a benchmark fills a big cluster once and starts on it
+        again later); it is never removed.
         """
         self.startup_timeout = startup_timeout
         self.build_timeout = build_timeout
         self.watch_cache = watch_cache
         self.extra_apiserver_args = list(extra_apiserver_args)
+        self.extra_etcd_args = list(extra_etcd_args)
+        self.etcd_data_dir = etcd_data_dir
         self.keep_workdir = keep_workdir or bool(os.environ.get("MESHBRIDGE_KEEP_KUBEAPI_DIR"))
 
         self.workdir: Path | None = None
@@ -481,7 +488,7 @@ class KubeAPIServer:
             [
                 str(self.bindir / "etcd"),
                 "--name=meshbridge-test",
-                f"--data-dir={wd / 'etcd-data'}",
+                f"--data-dir={self.etcd_data_dir or wd / 'etcd-data'}",
                 f"--listen-client-urls={self.etcd_url}",
                 f"--advertise-client-urls={self.etcd_url}",
                 f"--listen-peer-urls={peer_url}",
@@ -490,6 +497,7 @@ class KubeAPIServer:
                 "--initial-cluster-state=new",
                 "--unsafe-no-fsync=true",
                 "--log-level=warn",
+                *self.extra_etcd_args,
             ],
             wd / "etcd.log",
         )

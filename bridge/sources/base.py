@@ -3,10 +3,12 @@ source's command-line form or configuration raises."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from bridge.cluster import Cluster
+if TYPE_CHECKING:  # the kube source's credentials load before the cache is imported
+    import asyncio
+
+    from bridge.cluster import Cluster
 
 
 class Source(Protocol):

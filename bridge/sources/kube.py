@@ -33,8 +33,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,9 +49,24 @@ from bridge.objects import (
     tombstone,
 )
 from bridge.sources import kube_wire
-from bridge.sources.kube_api import ApiClient, ApiError, Credentials, Gone, load_credentials
+from bridge.sources.kube_api import (
+    WATCH_TIMEOUT_RANGE as WATCH_TIMEOUT_RANGE,
+)
+from bridge.sources.kube_api import (
+    ApiClient,
+    ApiError,
+    Credentials,
+    Gone,
+    load_credentials,
+    watch_params,
+)
+from bridge.sources.kube_kinds import KINDS as KINDS
+from bridge.sources.kube_kinds import POLICY_KINDS as POLICY_KINDS
+from bridge.sources.kube_kinds import START_ORDER
+from bridge.sources.kube_kinds import KindSpec as KindSpec
 
 if TYPE_CHECKING:
+    from bridge.sources.kube_relay import RelayedWatch
     from bridge.sources.route_status import RouteStatusWriter
 
 log = structlog.get_logger("meshbridge.sources.kube")
@@ -60,61 +74,10 @@ log = structlog.get_logger("meshbridge.sources.kube")
 LIST_PAGE = 500
 # The annotation on the bookmark that ends a watch's initial events.
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
-WATCH_TIMEOUT_RANGE = (240, 480)  # seconds; randomised like client-go to spread renewals
 BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0
 FORBIDDEN_RETRY = 60.0  # an RBAC denial is retried, slowly, in case it is fixed
 MISSING_CRD_RETRY = 300.0  # a CRD that is not installed is re-checked rarely
 LAG_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class KindSpec:
-    kind: str
-    path: str
-    lag_metric: str  # Linkerd's `<kind>_informer_lag_seconds` name (Linkerd §4.9)
-    cache_metric: str  # Linkerd's `<kind>_cache_size` name; "" for a kind Linkerd has none of
-    optional: bool = False  # a CRD that may not be installed
-    # Query parameters every list and watch carries (a label or field selector), for a
-    # watch narrowed to what is needed; `path` may then be a namespaced one.
-    params: tuple[tuple[str, str], ...] = ()
-    # For a kind only some deployments grant (linked clusters' Secrets): a denial is
-    # this one info line, not an error.
-    denied_hint: str = ""
-
-
-KINDS = {
-    "Service": KindSpec("Service", "/api/v1/services", "services", "service"),
-    "EndpointSlice": KindSpec("EndpointSlice", "/apis/discovery.k8s.io/v1/endpointslices",
-                              "endpointslices", "endpointslices"),
-    "Endpoints": KindSpec("Endpoints", "/api/v1/endpoints", "endpoints", "endpoints"),
-    "Pod": KindSpec("Pod", "/api/v1/pods", "pods", "pod"),
-    "Node": KindSpec("Node", "/api/v1/nodes", "nodes", "node"),
-    "ReplicaSet": KindSpec("ReplicaSet", "/apis/apps/v1/replicasets", "replicasets",
-                           "replicaset"),
-    "Job": KindSpec("Job", "/apis/batch/v1/jobs", "jobs", "job"),
-    "Server": KindSpec("Server", "/apis/policy.linkerd.io/v1beta3/servers", "servers",
-                       "server", optional=True),
-    "ServiceProfile": KindSpec("ServiceProfile", "/apis/linkerd.io/v1alpha2/serviceprofiles",
-                               "serviceprofiles", "serviceprofile", optional=True),
-    **{k: KindSpec(k, path, metric, metric, optional=True) for k, path, metric in (
-        ("HTTPRoute", "/apis/policy.linkerd.io/v1beta3/httproutes", "httproute"),
-        ("GatewayHTTPRoute", "/apis/gateway.networking.k8s.io/v1/httproutes",
-         "gateway_httproute"),
-        ("GRPCRoute", "/apis/gateway.networking.k8s.io/v1/grpcroutes", "grpcroute"),
-        ("AuthorizationPolicy", "/apis/policy.linkerd.io/v1alpha1/authorizationpolicies",
-         "authorizationpolicy"),
-        ("ServerAuthorization", "/apis/policy.linkerd.io/v1beta1/serverauthorizations",
-         "serverauthorization"),
-        ("MeshTLSAuthentication", "/apis/policy.linkerd.io/v1alpha1/meshtlsauthentications",
-         "meshtlsauthentication"),
-        ("NetworkAuthentication", "/apis/policy.linkerd.io/v1alpha1/networkauthentications",
-         "networkauthentication"),
-    )},
-}
-# Which kinds' watches open first (the rest after): a big cluster's state is mostly these.
-_START_ORDER = {"Pod": 0, "EndpointSlice": 1, "Endpoints": 1, "ReplicaSet": 2, "Service": 3}
-POLICY_KINDS = ("HTTPRoute", "GatewayHTTPRoute", "GRPCRoute", "AuthorizationPolicy",
-                "ServerAuthorization", "MeshTLSAuthentication", "NetworkAuthentication")
 
 
 def watched_kinds(endpoints_api: str, link_namespace: str = "") -> list[KindSpec]:
@@ -200,6 +163,9 @@ class KindWatcher:
         # Whether the server streams a watch's initial state: unknown until it says.
         self.watch_list: bool | None = None
         self._response: Any = None
+        # The kind's first watch, already opened by a relay process (kube_relay: the
+        # Pods' at start), taken instead of opening one.
+        self.relayed: RelayedWatch | None = None
         self._failed = False  # since the last time the API answered
         self._update_times: dict[tuple[str, str], float] = {}
         self.thread = threading.Thread(target=self._run, name=f"watch-{spec.kind}", daemon=True)
@@ -210,6 +176,9 @@ class KindWatcher:
 
     def stop(self) -> None:
         self.stopping.set()
+        relayed, self.relayed = self.relayed, None
+        if relayed is not None:  # never taken: the watch loop is not waiting on it
+            relayed.release_conn()
         resp = self._response
         if resp is not None:
             with contextlib.suppress(Exception):
@@ -350,17 +319,15 @@ class KindWatcher:
         events up to a bookmark that says so: the state arrives one object at a time,
         and the same stream then carries the changes."""
         timeout = random.randint(*WATCH_TIMEOUT_RANGE)
-        params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout),
-                  **dict(self.spec.params)}
-        initial: list[KubeObject] | None = None
-        if self.need_state:
-            initial = []
-            params |= {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"}
-        else:
-            params["resourceVersion"] = self.resource_version
+        initial: list[KubeObject] | None = [] if self.need_state else None
+        params = watch_params(timeout, None if self.need_state else self.resource_version,
+                              self.spec.params)
+        relayed, self.relayed = self.relayed, None
+        if relayed is not None and initial is None:  # not what it asked for: unused
+            relayed.release_conn()
+            relayed = None
         try:
-            resp = self.client.open(self.spec.path, params, read_timeout=timeout + 30,
-                                    accept=kube_wire.accept(self.spec.kind))
+            resp = self._open(params, timeout, relayed)
         except ApiError as e:
             if initial is not None and e.status in (400, 422):  # it cannot (or is older)
                 raise NotOffered(e.reason) from e
@@ -386,12 +353,27 @@ class KindWatcher:
                     self.watch_list = True
                     self._replace(initial)
                     initial = None
+                    if resp is relayed:
+                        # The relay is for the start-up: the changes are watched from
+                        # here on, from the state's resourceVersion (`_run` renews).
+                        return
                 else:
                     self._handle(etype, raw)
         finally:
             self._response = None
             with contextlib.suppress(Exception):
                 resp.release_conn()
+
+    def _open(self, params: dict[str, str], timeout: int, relayed: RelayedWatch | None,
+              ) -> Any:
+        if relayed is None:
+            return self.client.open(self.spec.path, params, read_timeout=timeout + 30,
+                                    accept=kube_wire.accept(self.spec.kind))
+        self._response = relayed  # `stop` ends it while its answer is awaited
+        try:
+            return relayed.response()
+        finally:
+            self._response = None
 
     def _track(self, raw: dict[str, Any]) -> dict[str, Any]:
         md = raw.get("metadata") or {}
@@ -490,27 +472,36 @@ class KubeSource:
     def stale(self) -> bool:
         return any(w.synced and not w.connected and not w.unavailable for w in self.watchers)
 
-    def start_watches(self) -> None:
+    def start_watches(self, relayed: Mapping[str, RelayedWatch] | None = None) -> None:
         """Open every kind's watch now, before the rest of the server is built (with the
         credentials given; no event loop needed): the API server streams the state
         while the process goes on importing and starting, and what arrives waits,
         decoded, until `run` hands it to the Cluster. A source never started this way
-        starts its watches in `run`."""
-        if self._handoff is not None:
-            return
-        if self._credentials is None:
-            raise RuntimeError("start_watches needs the credentials given")
-        self._begin(self._credentials)
+        starts its watches in `run`. `relayed`: first watches already opened by a relay
+        process (kube_relay), by kind; one of a kind not watched is ended."""
+        relayed = dict(relayed or {})
+        try:
+            if self._handoff is not None:
+                return
+            if self._credentials is None:
+                raise RuntimeError("start_watches needs the credentials given")
+            self._begin(self._credentials, relayed)
+        finally:
+            for unused in relayed.values():
+                unused.release_conn()
 
-    def _begin(self, creds: Credentials) -> None:
+    def _begin(self, creds: Credentials,
+               relayed: dict[str, RelayedWatch] | None = None) -> None:
         client = ApiClient(creds)
         self._client = client
         self._handoff = _Handoff()
         specs = self.kinds or watched_kinds(self.endpoints_api, self.link_namespace)
         self.watchers = [KindWatcher(s, client, self._handoff.emit, None) for s in specs]
+        for w in self.watchers:
+            w.relayed = (relayed or {}).pop(w.spec.kind, None)
         # The biggest states first: a thread's start waits for the GIL, which the
         # threads already reading hold for a switch interval each.
-        for w in sorted(self.watchers, key=lambda w: _START_ORDER.get(w.spec.kind, 99)):
+        for w in sorted(self.watchers, key=lambda w: START_ORDER.get(w.spec.kind, 99)):
             w.start()
 
     def close(self) -> None:

@@ -14,12 +14,13 @@ from typing import Any
 
 import urllib3
 
-from bridge.sources import kube_wire
 from bridge.sources import kubeconfig as kubeconfig_reader
 from bridge.sources.base import SourceSpecError
 from bridge.sources.kubeconfig import Credentials
 
-__all__ = ["ApiClient", "ApiError", "Credentials", "Gone", "load_credentials"]
+__all__ = ["ApiClient", "ApiError", "Credentials", "Gone", "load_credentials", "watch_params"]
+
+WATCH_TIMEOUT_RANGE = (240, 480)  # seconds; randomised like client-go to spread renewals
 
 
 class ApiError(Exception):
@@ -31,6 +32,15 @@ class ApiError(Exception):
 
 class Gone(Exception):
     """The resourceVersion we watch from has been compacted away: relist."""
+
+
+def refusal(status: int, reason: str, body: bytes,
+            content_type: str | None) -> ApiError | Gone:
+    """The error for an answer >= 300: the Status's message where the body has one."""
+    from bridge.sources import kube_wire  # the protobuf messages: only once answered
+
+    message = kube_wire.status_message(body, content_type) or reason
+    return Gone(message) if status == 410 else ApiError(status, message)
 
 
 def load_credentials(kubeconfig: str | None = None, context: str | None = None) -> Credentials:
@@ -53,6 +63,20 @@ def load_credentials(kubeconfig: str | None = None, context: str | None = None) 
         raise SourceSpecError(f"kube source: kubeconfig {path}, {wanted}: {e}") from e
 
 
+def watch_params(timeout: int, resource_version: str | None,
+                 extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+    """The query of one watch: from `resource_version`, or (None) with the state sent
+    first (WatchList: `sendInitialEvents`, ended by the `k8s.io/initial-events-end`
+    bookmark), bookmarks asked for either way; `extra` is the kind's selectors."""
+    params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout),
+              **dict(extra)}
+    if resource_version is None:
+        params |= {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"}
+    else:
+        params["resourceVersion"] = resource_version
+    return params
+
+
 class ApiClient:
     """GET and streaming GET against the API server, JSON in, JSON out."""
 
@@ -70,22 +94,26 @@ class ApiClient:
 
     def open(self, path: str, params: dict[str, Any], read_timeout: float,
              accept: str | None = None) -> Any:
+        """A streaming GET; ApiError (Gone for 410) when the server answers >= 300."""
+        resp = self.request(path, params, read_timeout, accept)
+        if resp.status >= 300:
+            body = resp.read(65536)
+            resp.release_conn()
+            raise refusal(resp.status, resp.reason or "", body,
+                          resp.headers.get("Content-Type"))
+        return resp
+
+    def request(self, path: str, params: dict[str, Any], read_timeout: float,
+                accept: str | None = None) -> Any:
+        """A streaming GET, whatever the server answers (the Pod relay passes the
+        status on as it is)."""
         headers = self.creds.headers if accept is None else {**self.creds.headers,
                                                              "Accept": accept}
-        resp = self.pool.request(
+        return self.pool.request(
             "GET", self.creds.host + path, fields=params, headers=headers,
             preload_content=False,
             timeout=urllib3.Timeout(connect=5.0, read=read_timeout),
         )
-        if resp.status >= 300:
-            body = resp.read(65536)
-            resp.release_conn()
-            reason = kube_wire.status_message(body, resp.headers.get("Content-Type")) \
-                or resp.reason or ""
-            if resp.status == 410:
-                raise Gone(reason)
-            raise ApiError(resp.status, reason)
-        return resp
 
     def get_json(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
         resp = self.open(path, params, read_timeout=60.0)

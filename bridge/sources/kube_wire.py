@@ -23,10 +23,11 @@ from typing import Any
 from bridge import pod_fields
 from bridge.decoding import Meta, ObjectError, OwnerRef, Predecoded, SharedRaw, shared, shared_map
 from bridge.objects import Container, Pod, decode_containers, make_pod
+from bridge.sources.kube_kinds import JSON as JSON
+from bridge.sources.kube_kinds import PROTOBUF as PROTOBUF
+from bridge.sources.kube_kinds import accept as accept
 from bridge.sources.kube_proto import MESSAGES
 
-JSON = "application/json"
-PROTOBUF = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"  # every protobuf body starts with it, then an Unknown
 _FRAME = struct.Struct(">I")
 
@@ -276,11 +277,6 @@ PROTO_KINDS: dict[str, ProtoKind] = {
     **{k: ProtoKind(MESSAGES["MetadataOnly"], MESSAGES["MetadataOnlyList"], _metadata_only)
        for k in ("Node", "ReplicaSet", "Job")},
 }
-
-
-def accept(kind: str) -> str:
-    """The `Accept` header for a kind: protobuf where the API has it, JSON besides."""
-    return f"{PROTOBUF}, {JSON}" if kind in PROTO_KINDS else JSON
 
 
 def is_protobuf(content_type: str | None) -> bool:

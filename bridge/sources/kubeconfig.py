@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
@@ -106,6 +104,8 @@ def _merge(files: list[Path]) -> _Merged:
     merged = _Merged(contexts={}, clusters={}, users={})
     assert merged.contexts is not None and merged.clusters is not None
     assert merged.users is not None
+    import yaml  # here: the Pod relay (kube_relay) imports this module for Credentials
+
     for f in files:
         if not f.is_file():
             continue

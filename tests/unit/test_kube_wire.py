@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bridge.objects import ObjectError, Pod, Service, decode_object
-from bridge.sources import kube_wire
+from bridge.sources import kube_kinds, kube_wire
 from bridge.sources.kube import newest_update_time
 from bridge.sources.kube_proto import MESSAGES
 
@@ -240,6 +240,8 @@ def test_builtin_kinds_ask_for_protobuf_and_the_others_for_json() -> None:
     for kind in ("Pod", "Service", "EndpointSlice", "Endpoints", "Node", "ReplicaSet", "Job"):
         assert kube_wire.accept(kind).startswith(kube_wire.PROTOBUF)
     assert kube_wire.accept("Server") == kube_wire.JSON
+    # The kinds asked for in protobuf are those kube_wire decodes from it.
+    assert set(kube_wire.PROTO_KINDS) == kube_kinds.PROTOBUF_KINDS
 
 
 def _messages_read(data: bytes) -> tuple[str, bytes]:
