@@ -44,13 +44,13 @@ WORKER_TIERS := $(addprefix tests/integration/test_,linkerd_get.py linkerd_profi
 	xds_api.py xds_envoy.py xds_leds_envoy.py xds_proxyless.py xds_one_truth.py one_truth.py \
 	route_canary.py route_grpc.py route_envoy.py route_cli.py grpc_port.py h2spec.py \
 	transports.py shadow_fields.py shadow_linkerd.py shadow_xds.py \
-	metrics.py metric_names.py admin.py debug_read_only.py operator_views.py \
+	metrics.py metric_names.py admin.py debug_read_only.py operator_views.py istioctl.py \
 	multicluster_get.py multicluster_xds.py multicluster_traffic.py \
 	istiod_differential.py istiod_routes.py \
 	kube_source.py kube_unchanged_pod.py kube_serve.py kube_routes.py kube_policy.py) \
 	tests/attacks/test_attacks.py tests/reliability/test_faults.py tests/reliability/test_soak.py
 
-test-workers: install-test envtest chromium h2spec istiod
+test-workers: install-test envtest chromium h2spec istiod istioctl
 	MESHBRIDGE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -p no:cacheprovider $(WORKER_TIERS)
 
 # A real kube-apiserver and etcd for the integration tests, built once from the Go

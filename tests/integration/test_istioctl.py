@@ -100,7 +100,7 @@ async def world(tmp_path: Path, make_app: AppFactory) -> AsyncIterator[dict[str,
 
         async def all_acked() -> bool:
             states = {(s.client, t): st.last_ack_version == st.last_sent_version != ""
-                      for s in app.streams.all() for t, st in s.types.items()}
+                      for s in await app.stream_infos() for t, st in s.types.items()}
             return all(states.get((ENVOY_ID, t)) for t in ("cds", "lds", "eds")) and all(
                 states.get((GRPC_ID, t)) for t in ("cds", "eds", "lds", "rds"))
         await eventually(all_acked, WAIT, "Envoy and the gRPC client ACK what they hold")

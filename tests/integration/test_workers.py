@@ -161,6 +161,10 @@ async def test_clients_over_both_workers_follow_an_add_and_a_remove(demo_dir: Pa
             assert server.metric("meshbridge_destination_streams", 'method="Get"') == 6
             assert server.metric("meshbridge_worker_up", 'worker="0"') == 1
             assert server.metric("meshbridge_worker_up", 'worker="1"') == 1
+            # The watcher's Views count each worker's streams, not its one feed.
+            views = json.loads(http_text(f"http://127.0.0.1:{server.admin_port}/debug/views"))
+            assert sum(n for v in views if v["authority"] == CATALOG
+                       for n in v["subscribers"].values()) == len(clients.followers), views
 
             edits.remove_endpoint("20-shop.yaml", "shop", "catalog-5m7kp", "10.244.3.21")
             expected.discard("10.244.3.21")

@@ -14,7 +14,7 @@ from pathlib import Path
 from testkit.fleet import Fleet
 from testkit.net import free_port
 from testkit.polling import HANG, eventually
-from testkit.serving import serve_objects
+from testkit.serving import serve_objects, workers_flag
 from tests.reliability.support import sim_cluster, target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ async def test_sigterm_during_churn_ends_every_stream_cleanly_and_exits_zero(
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "meshbridge.cli", "serve", "--source", f"sim:{scenario}",
         "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0", "--log-format", "json",
-        "--shutdown-grace", "5", stdout=asyncio.subprocess.DEVNULL,
+        "--shutdown-grace", "5", *workers_flag(), stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
     sim = sim_cluster()  # only for the target names: the same shape as the scenario
     fleet = Fleet(f"127.0.0.1:{port}", 60, lambda i: target(i, sim), channels=6)
