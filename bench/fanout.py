@@ -1,7 +1,7 @@
 """Fan-out: one endpoint change on a View that N streams of one protocol watch.
 
     python -m bench.fanout --protocol get|sotw|delta [--streams 5000] [--runs 7]
-                           [--channels 50] [--endpoints 10] [--workers 1] [--json]
+                           [--channels N] [--endpoints 10] [--workers 1] [--json]
 
 meshbridge (both protocol layers, as `serve` mounts them) runs in this process; the
 N client streams run in a child process on 127.0.0.1, spread over `--channels`
@@ -67,6 +67,19 @@ def scenario(endpoints: int) -> Any:
 
 
 TARGET = "svc-0.ns-0.svc.cluster.local:8080"
+
+# The client connections, by default. With workers the kernel gives each connection to
+# a worker (SO_REUSEPORT hashes it), so the busiest worker's share of the streams is
+# that of the connections: at 10,000 streams, 50 connections of 200 left it anywhere
+# in 52-68%, 200 of 50 in 50-59%, for the same server CPU per change (a proxy fleet
+# has a connection per proxy: more, with fewer streams each). Far more connections
+# cost the server their writes (1,000 of 10: +35-40% of CPU). docs/performance.md.
+STREAMS_PER_CHANNEL = 50
+MIN_CHANNELS = 50
+
+
+def default_channels(streams: int) -> int:
+    return max(MIN_CHANNELS, streams // STREAMS_PER_CHANNEL)
 
 
 # ---------------------------------------------------------------------- the client
@@ -531,8 +544,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", choices=PROTOCOLS, default="get")
     p.add_argument("--streams", type=int, default=TARGET_STREAMS)
     p.add_argument("--runs", type=int, default=7)
-    p.add_argument("--channels", type=int, default=50,
-                   help="client connections the streams are spread over")
+    p.add_argument("--channels", type=int,
+                   help="client connections the streams are spread over (default: one "
+                        f"per {STREAMS_PER_CHANNEL} streams, at least {MIN_CHANNELS})")
     p.add_argument("--endpoints", type=int, default=10)
     p.add_argument("--profile", metavar="FILE",
                    help="profile the server during the runs (pyinstrument) into FILE")
@@ -561,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-phase", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--go-binary", help=argparse.SUPPRESS)  # the parent built it
     args = p.parse_args(argv)
+    if args.channels is None:
+        args.channels = default_channels(args.streams)
     if args.clients is None:
         args.clients = "go" if args.protocol == "sotw" else "lean"
     if args.clients == "go" and args.protocol != "sotw":
