@@ -18,7 +18,7 @@ import pytest
 from bridge.sources import kube_relay
 from bridge.sources.kube import KINDS, KindWatcher
 from bridge.sources.kube_api import ApiClient, ApiError, Credentials, load_credentials
-from bridge.sources.kube_relay import RelayedWatch, RelayError
+from bridge.sources.kube_relay import PIECE, RelayedWatch, RelayError
 from testkit.kubeapi import KubeAPIServer
 from testkit.polling import HANG, eventually_sync
 from tests.integration import test_kube_sync as sync
@@ -92,6 +92,32 @@ def test_a_relay_that_dies_leaves_the_state_to_be_read_in_process(
     synced_through_a_relay(api, creds, w, seen, 3, kill=True)
 
 
+FORKED = """
+import sys
+from bridge.sources.kube_api import load_credentials
+from bridge.sources.kube_kinds import KINDS
+from bridge.sources.kube_relay import RelayedWatch, _Forked
+
+relay = RelayedWatch.initial(load_credentials(sys.argv[1]), KINDS["Pod"])
+assert isinstance(relay.proc, _Forked), relay.proc
+seen = b""
+for piece in relay.response().stream():
+    seen = seen[-64:] + piece
+    if b"k8s.io/initial-events-end" in seen:
+        break
+relay.release_conn()
+assert relay.proc.poll() is not None
+print("state relayed")
+"""
+
+
+def test_a_process_of_one_thread_forks_its_relay(kube_apiserver: KubeAPIServer) -> None:
+    """As `serve` does at start: the fork path, to the end of the state and ended."""
+    got = subprocess.run([sys.executable, "-c", FORKED, str(kube_apiserver.kubeconfig_path)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert got.returncode == 0 and got.stdout.strip() == "state relayed", got.stderr
+
+
 def test_a_relay_never_taken_is_ended_with_its_watcher(
         creds: Credentials, pod_watcher: tuple[KindWatcher, list[Any]]) -> None:
     w, _ = pod_watcher
@@ -104,8 +130,9 @@ def relayed(written: bytes) -> RelayedWatch:
     """A process that writes `written` as a relay would, and ends."""
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdout.buffer.write("
                              f"{written!r})"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, bufsize=0)
-    return RelayedWatch(proc)
+                            stdout=subprocess.PIPE, bufsize=PIECE)
+    assert proc.stdout is not None and proc.stdin is not None
+    return RelayedWatch(proc, proc.stdout, proc.stdin)
 
 
 def message(tag: bytes, payload: bytes) -> bytes:
