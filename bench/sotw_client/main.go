@@ -437,7 +437,7 @@ func (c *connection) onData(f *http2.DataFrame) {
 			part = part[n+5:]
 		}
 		if len(part) > 0 {
-			c.partial[sid] = append([]byte(nil), part...)
+			c.partial[sid] = part // our own copy (append above), not the Framer's buffer
 		} else {
 			delete(c.partial, sid)
 		}
